@@ -1,0 +1,378 @@
+"""Typed run configuration: dataclasses whose field help is shown by the CLI.
+
+A config is a YAML file plus dotted ``key=value`` overrides (``train.learning_rate=1e-4``).
+Everything is validated here, before any model or data is touched: an unknown key names the
+closest valid one, a bad value names the key, the file and line, and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A problem with the user's configuration; the message says what to change."""
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a help text (shown by ``anyfit train --help-config``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    """Which model to fine-tune and how to load it."""
+
+    name_or_path: str = _f("", "Hub id (Qwen/Qwen2.5-Math-1.5B), a local HF folder, or a .gguf file.")
+    gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (set automatically when name_or_path is a .gguf file).")
+    revision: str | None = _f(None, "Hub revision (branch, tag or commit) to load.")
+    tokenizer: str | None = _f(None, "Tokenizer to use if it differs from the model's (hub id or folder).")
+    trust_remote_code: bool = _f(False, "Run model code shipped with the checkpoint. Off unless you trust the source.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
+        "auto", "Dtype of the loaded weights. auto: float32 master weights for full fine-tuning "
+        "(mixed precision runs compute in bf16/fp16), the compute dtype for a frozen LoRA base.")
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = _f(
+        "auto", "Attention kernel. auto: sdpa where the model supports it.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass: less memory, about 30% slower.")
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters through PEFT. Off means full fine-tuning."""
+
+    enabled: bool = _f(False, "Train LoRA adapters instead of all weights.")
+    r: int = _f(16, "Adapter rank.")
+    alpha: int = _f(32, "LoRA scaling numerator (the update is scaled by alpha / r).")
+    dropout: float = _f(0.05, "Dropout on the adapter input.")
+    target_modules: list[str] | str = _f(
+        "auto", "Module names to adapt, or 'auto' to find the attention and MLP projections from the "
+        "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'.")
+
+
+@dataclass
+class DataConfig:
+    """Where the training examples come from and how they become tokens."""
+
+    path: str = _f("", "A local .jsonl/.json/.parquet file, or a hub dataset name.")
+    subset: str | None = _f(None, "Hub dataset configuration name (e.g. 'main' for gsm8k).")
+    split: str = _f("train", "Split, with optional slicing: 'train', 'train[:500]', 'train[10%:]'.")
+    num_samples: int | None = _f(None, "Use at most this many examples (after loading, before shuffling).")
+    format: Literal["auto", "messages", "prompt_completion", "text"] = _f(
+        "auto", "Example format. auto: detect from the fields (messages, prompt/completion, text).")
+    fields: dict[str, str] = _f(
+        {}, "Map anyfit's fields to yours, e.g. {prompt: problem, completion: solution} for MATH.")
+    template: str = _f(
+        "chat", "How prompt/completion pairs are rendered: 'chat' (the tokenizer's chat template), "
+        "'plain' (prompt then completion), 'r1_zero' (<think> ... </think> <answer> ... </answer>), "
+        "or a custom string with {prompt} in it.")
+    system_prompt: str | None = _f(None, "System message for the chat template.")
+    max_length: int = _f(1024, "Longest example in tokens.")
+    overlong: Literal["truncate", "drop"] = _f("truncate", "What to do with longer examples (both are counted and reported).")
+    train_on: Literal["completion", "all"] = _f(
+        "completion", "Which tokens carry loss: the completion/assistant tokens only, or all tokens.")
+    add_eos: bool = _f(True, "End each completion with the tokenizer's EOS token (so the model learns to stop).")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation: batch, schedule, checkpoints."""
+
+    output_dir: str = _f("runs/anyfit", "Where the final model, checkpoints, metrics and resolved config go.")
+    overwrite: bool = _f(False, "Allow writing into an output_dir that already holds a run.")
+    effective_batch: int = _f(
+        32, "Sequences per optimizer step, summed over micro-batches, accumulation and processes. "
+        "The same on every machine: micro_batch and accumulation are derived from it.")
+    micro_batch: int = _f(4, "Sequences per forward pass per process. Accumulation = effective / (micro x processes).")
+    epochs: float = _f(1.0, "Passes over the data (ignored when max_steps > 0).")
+    max_steps: int = _f(0, "Stop after this many optimizer steps (0: derive from epochs).")
+    learning_rate: float = _f(2e-5, "Peak learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay (not applied to biases and norms).")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_eps: float = _f(1e-8, "AdamW epsilon.")
+    lr_schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "Decay after warmup.")
+    warmup_steps: int = _f(0, "Linear warmup steps (overrides warmup_ratio when > 0).")
+    warmup_ratio: float = _f(0.0, "Warmup as a fraction of the total steps.")
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of the peak (cosine and linear).")
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0: no clipping).")
+    save_every: int = _f(0, "Write a checkpoint every N steps (0: only the final model).")
+    keep_last: int = _f(2, "Keep this many most recent checkpoints.")
+    log_every: int = _f(1, "Write a metrics line every N steps.")
+    seed: int = _f(42, "Seed for initialisation of adapters, data order and dropout.")
+
+
+@dataclass
+class RuntimeConfig:
+    """Hardware policy. 'auto' resolves once at start and is printed with its reason."""
+
+    device: Literal["auto", "cuda", "mps", "cpu"] = _f("auto", "auto picks cuda > mps > cpu.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _f(
+        "auto", "auto: bf16 on CUDA with native bf16 (compute capability 8.0+), fp16 with loss scaling "
+        "on older CUDA, fp32 on MPS and CPU.")
+    tf32: bool = _f(True, "Allow TF32 matmuls on CUDA where the GPU has them.")
+    fused_optimizer: bool = _f(True, "Use fused AdamW where the device supports it.")
+    num_workers: int = _f(0, "Data loader worker processes.")
+
+
+@dataclass
+class Config:
+    """A whole anyfit run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "lora": LoraConfig, "train": TrainConfig, "runtime": RuntimeConfig}
+
+
+def all_keys() -> list[str]:
+    """Every valid dotted key, e.g. 'train.learning_rate'."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def field_help() -> list[tuple[str, str, Any, str]]:
+    """(key, type, default, help) for every key, in declaration order."""
+    rows = []
+    hints_cache = {cls: typing.get_type_hints(cls) for cls in SECTIONS.values()}
+    for s, cls in SECTIONS.items():
+        for f in dataclasses.fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            rows.append((f"{s}.{f.name}", _type_name(hints_cache[cls][f.name]), default, f.metadata.get("help", "")))
+    return rows
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "|".join(str(a) for a in typing.get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return str(tp).replace("typing.", "")
+    return getattr(tp, "__name__", str(tp))
+
+
+def _suggest(key: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
+    if not close:  # also try matching the last part alone: 'lr_schedule' typed under the wrong section
+        tail = key.split(".")[-1]
+        by_tail = {c.split(".")[-1]: c for c in choices}
+        close = [by_tail[m] for m in difflib.get_close_matches(tail, list(by_tail), n=1, cutoff=0.6)]
+    return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; convert only what is lossless (int -> float)."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not allowed; use one of {', '.join(map(str, allowed))}.")
+        return value
+    if origin in (Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(f"{where}: {value!r} is not a {_type_name(tp)}.")
+    if origin is list:
+        (item,) = typing.get_args(tp)
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list, got {value!r}.")
+        return [_coerce(v, item, where) for v in value]
+    if origin is dict:
+        k_tp, v_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping such as {{prompt: problem}}, got {value!r}.")
+        return {_coerce(k, k_tp, where): _coerce(v, v_tp, where) for k, v in value.items()}
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}: expected true or false, got {value!r}.")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}.")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}: expected a number, got {value!r}.")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                return str(value)
+            raise ConfigError(f"{where}: expected a string, got {value!r}.")
+        return value
+    raise ConfigError(f"{where}: unsupported type {tp}")  # pragma: no cover - programming error
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """Line number (1-based) of every dotted key in a YAML text, for error messages."""
+    lines: dict[str, int] = {}
+
+    def walk(node: Any, prefix: str) -> None:
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                key = f"{prefix}{k.value}"
+                lines[key] = k.start_mark.line + 1
+                walk(v, key + ".")
+
+    try:
+        walk(yaml.compose(text), "")
+    except yaml.YAMLError:
+        pass
+    return lines
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise ConfigError(f"Override {item!r} must look like key=value, e.g. train.learning_rate=1e-4.")
+    key, raw = item.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    # YAML 1.1 reads '1e-4' as a string; users mean a number.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            pass
+    return key.strip(), value
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if not prefix and k in SECTIONS and isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def build_config(values: dict[str, Any], source: dict[str, str] | None = None) -> Config:
+    """Validate flat dotted ``values`` and build a Config. ``source`` says where each key came from."""
+    source = source or {}
+    keys = all_keys()
+    cfg = Config()
+    hints = {s: typing.get_type_hints(cls) for s, cls in SECTIONS.items()}
+    for key, value in values.items():
+        where = f"{source.get(key, 'config')}: '{key}'"
+        if key in SECTIONS:
+            raise ConfigError(f"{where} must be a mapping of keys (e.g. {keys_of(key)[0]}: ...).")
+        if key not in keys:
+            raise ConfigError(f"{where} is not a known key.{_suggest(key, keys)} "
+                              f"Run 'anyfit train --help-config' for the full list.")
+        section, name = key.split(".", 1)
+        if isinstance(value, str) and hints[section][name] in (float, int):
+            try:
+                value = hints[section][name](float(value)) if hints[section][name] is int else float(value)
+            except ValueError:
+                pass
+        if isinstance(value, float) and hints[section][name] is int and value.is_integer():
+            value = int(value)
+        setattr(getattr(cfg, section), name, _coerce(value, hints[section][name], where))
+    validate(cfg)
+    return cfg
+
+
+def keys_of(section: str) -> list[str]:
+    return [k for k in all_keys() if k.startswith(section + ".")]
+
+
+def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
+    """Read a YAML config (optional) and apply ``key=value`` overrides; validate everything."""
+    values: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"Config file {path} does not exist.")
+        text = path.read_text()
+        try:
+            raw = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...).")
+        lines = _key_lines(text)
+        for key, value in _flatten(raw).items():
+            values[key] = value
+            source[key] = f"{path}:{lines.get(key, '?')}"
+    for item in overrides:
+        key, value = _parse_override(item)
+        values[key] = value
+        source[key] = f"override {item!r}"
+    return build_config(values, source)
+
+
+def validate(cfg: Config) -> None:
+    """Checks across fields; raised before any heavy work."""
+    t = cfg.train
+    for key, value, low in [
+        ("train.effective_batch", t.effective_batch, 1),
+        ("train.micro_batch", t.micro_batch, 1),
+        ("train.keep_last", t.keep_last, 1),
+        ("train.log_every", t.log_every, 1),
+        ("data.max_length", cfg.data.max_length, 2),
+        ("lora.r", cfg.lora.r, 1),
+    ]:
+        if value < low:
+            raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
+    for key, value in [("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
+                       ("train.warmup_steps", t.warmup_steps), ("runtime.num_workers", cfg.runtime.num_workers)]:
+        if value < 0:
+            raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
+    if t.learning_rate <= 0:
+        raise ConfigError(f"'train.learning_rate' must be positive, got {t.learning_rate}.")
+    if not 0 <= t.warmup_ratio < 1:
+        raise ConfigError(f"'train.warmup_ratio' must be in [0, 1), got {t.warmup_ratio}.")
+    if t.max_steps == 0 and t.epochs <= 0:
+        raise ConfigError("Set 'train.max_steps' > 0 or 'train.epochs' > 0: the run has no length.")
+    if t.micro_batch > t.effective_batch:
+        raise ConfigError(f"'train.micro_batch' ({t.micro_batch}) is larger than 'train.effective_batch' "
+                          f"({t.effective_batch}); lower micro_batch or raise effective_batch.")
+    unknown_fields = set(cfg.data.fields) - {"messages", "prompt", "completion", "text", "system", "answer"}
+    if unknown_fields:
+        raise ConfigError(f"'data.fields' maps unknown anyfit fields {sorted(unknown_fields)}; the keys must be among "
+                          "messages, prompt, completion, text, system, answer (the values are your column names).")
+
+
+def help_text() -> str:
+    """Every key with its type, default and help, grouped by section (for --help-config)."""
+    out = []
+    section = None
+    for key, tp, default, help in field_help():
+        s = key.split(".")[0]
+        if s != section:
+            section = s
+            out.append(f"\n{s}:  {SECTIONS[s].__doc__.strip()}")
+        out.append(f"  {key} ({tp}, default {default!r})\n      {help}")
+    return "\n".join(out)
