@@ -54,6 +54,7 @@ class LoraConfig:
     r: int = _f(16, "Adapter rank.")
     alpha: int = _f(32, "LoRA scaling numerator (the update is scaled by alpha / r).")
     dropout: float = _f(0.05, "Dropout on the adapter input.")
+    qlora: bool = _f(False, "Load the frozen base in 4-bit NF4 (bitsandbytes, CUDA only) and train LoRA on top.")
     target_modules: list[str] | str = _f(
         "auto", "Module names to adapt, or 'auto' to find the attention and MLP projections from the "
         "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'.")

@@ -1,0 +1,102 @@
+"""Which examples go into which optimizer step, micro-batch and process, and how they are padded.
+
+Written by hand rather than using a DataLoader sampler sharded by Accelerate: the unit that must be
+identical on every machine is the *accumulation window* (the effective batch of one optimizer step),
+not the micro-batch. Every process draws the same seeded permutation, cuts it into windows of
+``effective_batch`` examples and takes its own slice, so 1 process x 8 micro-steps and 2 processes x
+4 micro-steps train on exactly the same examples per step. The position in the data is just the step
+number, which is what makes exact resume simple.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ConfigError, TrainConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """effective_batch = micro_batch x accumulation x processes, checked once at start."""
+
+    effective_batch: int
+    micro_batch: int
+    accumulation: int
+    processes: int
+
+    @staticmethod
+    def from_config(cfg: TrainConfig, processes: int) -> "BatchPlan":
+        per_process, rem = divmod(cfg.effective_batch, processes)
+        if rem:
+            raise ConfigError(f"train.effective_batch={cfg.effective_batch} cannot be split evenly over {processes} "
+                              f"processes; use a multiple of {processes} (e.g. {per_process * processes or processes}"
+                              f" or {(per_process + 1) * processes}).")
+        micro = min(cfg.micro_batch, per_process)
+        accumulation, rem = divmod(per_process, micro)
+        if rem:
+            divisors = [d for d in range(1, per_process + 1) if per_process % d == 0]
+            ok = max(d for d in divisors if d <= micro)
+            raise ConfigError(f"train.micro_batch={cfg.micro_batch} does not divide the {per_process} sequences each of "
+                              f"the {processes} process(es) gets per step (effective_batch={cfg.effective_batch}); "
+                              f"use train.micro_batch={ok} (valid: {divisors}).")
+        return BatchPlan(cfg.effective_batch, micro, accumulation, processes)
+
+    def describe(self) -> str:
+        return (f"effective batch {self.effective_batch} = micro-batch {self.micro_batch} x accumulation "
+                f"{self.accumulation} x processes {self.processes}")
+
+
+class WindowSampler:
+    """Deterministic accumulation windows: ``window(step)`` gives this process's micro-batches for that step."""
+
+    def __init__(self, lengths: list[int], trainable: list[int], plan: BatchPlan, process_index: int, seed: int):
+        self.lengths = lengths
+        self.trainable = trainable
+        self.plan = plan
+        self.process_index = process_index
+        self.seed = seed
+        # A partial last window would change the effective batch of that step; it is left out (and reported).
+        self.steps_per_epoch = len(lengths) // plan.effective_batch
+        self._epoch = -1
+        self._perm: list[int] = []
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm = torch.randperm(len(self.lengths), generator=g).tolist()
+            self._epoch = epoch
+        return self._perm
+
+    def window(self, step: int) -> tuple[list[list[int]], int]:
+        """(micro-batches of example indices for this process, trainable tokens in the whole global window)."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        e = self.plan.effective_batch
+        window = self._permutation(epoch)[k * e:(k + 1) * e]
+        per_process = e // self.plan.processes
+        mine = window[self.process_index * per_process:(self.process_index + 1) * per_process]
+        # Grouping similar lengths into the same micro-batch cuts padding; it cannot change the update
+        # because the loss is normalised over the whole window, not per micro-batch.
+        mine = sorted(mine, key=lambda i: -self.lengths[i])
+        m = self.plan.micro_batch
+        micro_batches = [mine[i:i + m] for i in range(0, len(mine), m)]
+        return micro_batches, sum(self.trainable[i] for i in window)
+
+
+def collate(examples: list[dict], pad_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
+    """Right-pad to the longest sequence; padded positions get attention 0 and label IGNORE_INDEX."""
+    longest = max(len(ex["input_ids"]) for ex in examples)
+    longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
+    n = len(examples)
+    input_ids = torch.full((n, longest), pad_id, dtype=torch.long)
+    labels = torch.full((n, longest), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((n, longest), dtype=torch.long)
+    for row, ex in enumerate(examples):
+        ids = ex["input_ids"]
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        labels[row, :len(ids)] = torch.tensor(ex["labels"])
+        attention[row, :len(ids)] = 1
+    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}

@@ -1,0 +1,186 @@
+"""The training loop: one function, read top to bottom.
+
+Per optimizer step: take this process's micro-batches of the step's accumulation window, run forward
+and backward on each (gradients are all-reduced only on the last one), scale so the update is the mean
+over every trainable token of the whole window on all processes, clip, step, log, checkpoint.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .batching import BatchPlan, WindowSampler, collate
+from .checkpoint import PREFIX, TMP_PREFIX, save_checkpoint, save_model
+from .config import Config, ConfigError
+from .data_sources import load_records
+from .loss import token_loss_sum
+from .metrics import MetricsLog, peak_memory_gib
+from .modeling import count_parameters, load_model, load_tokenizer
+from .optim import build_optimizer, build_scheduler
+from .runtime import RuntimePolicy, apply_policy, resolve_runtime, versions
+from .tokenization import tokenize_dataset
+
+
+@dataclass
+class TrainResult:
+    output_dir: Path
+    steps: int
+    losses: list[float] = field(default_factory=list)
+
+
+def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int) -> torch.Tensor:
+    """Forward and backward over one accumulation window; returns this process's summed token loss (detached).
+
+    Each micro-batch's summed loss is divided by the trainable tokens of the *global* window and
+    multiplied by the process count (DDP averages gradients over processes), so the accumulated gradient
+    is d(mean token loss over the window) whatever the split into micro-batches and processes.
+    """
+    scale = accelerator.num_processes / max(1, window_tokens)
+    total = torch.zeros((), device=accelerator.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        # Skip the gradient all-reduce on all but the last micro-step: gradients just accumulate locally.
+        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+        with sync:
+            loss_sum = token_loss_sum(model, batch)
+            accelerator.backward(loss_sum * scale)
+        total += loss_sum.detach()
+    return total
+
+
+def prepare_output_dir(cfg: Config, is_main: bool) -> Path:
+    """Refuse to mix two runs in one folder unless asked to overwrite."""
+    out = Path(cfg.train.output_dir)
+    previous = [p for p in ("config.yaml", "metrics.jsonl") if (out / p).exists()] + \
+               [p.name for p in out.glob(f"{PREFIX}*")] if out.exists() else []
+    if previous and not cfg.train.overwrite:
+        raise ConfigError(f"train.output_dir {out} already holds a run ({', '.join(sorted(previous)[:4])}). "
+                          "Choose another train.output_dir, or pass train.overwrite=true to replace it.")
+    if is_main:
+        if previous:
+            for p in out.glob(f"{PREFIX}*"):
+                shutil.rmtree(p)
+            for p in out.glob(f"{TMP_PREFIX}*"):
+                shutil.rmtree(p)
+            (out / "metrics.jsonl").unlink(missing_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    if cfg.train.max_steps > 0:
+        return cfg.train.max_steps
+    return max(1, math.ceil(cfg.train.epochs * steps_per_epoch))
+
+
+def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> TrainResult:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    # --- runtime: device, precision and processes, decided once -----------------------------------
+    policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
+    apply_policy(policy)
+    accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision)
+    main = accelerator.is_main_process
+    say = echo if main else (lambda *a, **k: None)
+    plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
+    out = prepare_output_dir(cfg, main)
+    say(f"[anyfit] runtime: {policy.describe()}")
+    say(f"[anyfit] batch: {plan.describe()}")
+    set_seed(cfg.train.seed)
+
+    # --- data: every process tokenizes the same examples and draws the same windows ---------------
+    tokenizer = load_tokenizer(cfg.model)
+    examples, report = tokenize_dataset(load_records(cfg.data), tokenizer, cfg.data)
+    say(f"[anyfit] data: {report.summary()}")
+    sampler = WindowSampler([len(e["input_ids"]) for e in examples],
+                            [sum(1 for t in e["labels"] if t != -100) for e in examples],
+                            plan, accelerator.process_index, cfg.train.seed)
+    if sampler.steps_per_epoch == 0:
+        raise ConfigError(f"Only {len(examples)} examples are left after filtering, fewer than one effective batch "
+                          f"(train.effective_batch={cfg.train.effective_batch}); lower it or add data.")
+    steps = total_steps(cfg, sampler.steps_per_epoch)
+    dropped_tail = len(examples) - sampler.steps_per_epoch * plan.effective_batch
+    if dropped_tail:
+        say(f"[anyfit] {dropped_tail} examples per epoch do not fill a last effective batch and are skipped "
+            "in that epoch (a different shuffle each epoch).")
+
+    # --- model and optimizer ---------------------------------------------------------------------------
+    model = load_model(cfg, policy, accelerator.local_process_index)
+    trainable, total = count_parameters(model)
+    say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
+        f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
+    optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
+    scheduler = build_scheduler(optimizer, cfg.train, steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model.train()
+
+    config_yaml = cfg.to_yaml()
+    if main:
+        (out / "config.yaml").write_text(config_yaml)
+        (out / "run_info.json").write_text(json.dumps({
+            "policy": {"device": policy.device, "precision": policy.precision, "tf32": policy.tf32,
+                       "reasons": list(policy.reasons)},
+            "batch": plan.__dict__, "steps": steps, "data": report.__dict__, "versions": versions(),
+            "parameters": {"trainable": trainable, "total": total}}, indent=2, default=str))
+    log = MetricsLog(out / "metrics.jsonl", enabled=main)
+    max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")
+
+    # --- the loop -----------------------------------------------------------------------------------------
+    result = TrainResult(out, steps)
+    bar = tqdm(total=steps, disable=not main, desc="train", dynamic_ncols=True)
+    real_tokens = torch.zeros((), device=accelerator.device)
+    loss_since_log = torch.zeros((), device=accelerator.device)
+    tokens_since_log = 0
+    t_log = time.perf_counter()
+    for step in range(steps):
+        indices, window_tokens = sampler.window(step)
+        batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in
+                    collate([examples[i] for i in idx], tokenizer.pad_token_id).items()} for idx in indices]
+        loss_sum = backward_window(accelerator, model, batches, window_tokens)
+        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+
+        loss_since_log += loss_sum
+        tokens_since_log += window_tokens
+        real_tokens += sum(int(b["attention_mask"].sum()) for b in batches)  # counted on the host, no sync
+        bar.update(1)
+        done = step + 1
+        if done % cfg.train.log_every == 0 or done == steps:
+            # One collective per logged step: the loss sum and real-token count of all processes.
+            totals = accelerator.reduce(torch.stack([loss_since_log, real_tokens]), reduction="sum")
+            elapsed = time.perf_counter() - t_log
+            loss = totals[0].item() / max(1, tokens_since_log)
+            record = {"step": done, "loss": round(loss, 6), "lr": scheduler.get_last_lr()[0],
+                      "grad_norm": round(float(grad_norm), 6), "tokens_per_s": round(totals[1].item() / elapsed, 1),
+                      "trainable_tokens": tokens_since_log, "peak_mem_gib": round(peak_memory_gib(policy.device), 3),
+                      "epoch": round(step / sampler.steps_per_epoch, 4)}
+            log.write(record)
+            result.losses.append(loss)
+            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+            loss_since_log.zero_()
+            real_tokens.zero_()
+            tokens_since_log = 0
+            t_log = time.perf_counter()
+        if cfg.train.save_every and done % cfg.train.save_every == 0 and done < steps:
+            save_checkpoint(accelerator, out, done, model, optimizer, scheduler, tokenizer, config_yaml,
+                            {"epoch": step // sampler.steps_per_epoch, "total_steps": steps}, cfg.train.keep_last)
+    bar.close()
+
+    # --- the final model: loadable by transformers (or PEFT for an adapter) ----------------------------
+    save_model(accelerator, model, tokenizer, out)
+    accelerator.wait_for_everyone()
+    say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {out}")
+    accelerator.end_training()
+    return result

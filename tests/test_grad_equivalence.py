@@ -1,0 +1,57 @@
+"""The same 8 variable-length sequences split as 1x8, 8x1 and 2x4 must give the same gradient."""
+
+import pytest
+import torch
+from accelerate import Accelerator
+from transformers import AutoModelForCausalLM
+
+from anyfit.batching import IGNORE_INDEX, collate
+from anyfit.train import backward_window
+
+
+def _sequences(vocab: int) -> list[dict]:
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for length in (5, 17, 9, 30, 3, 22, 12, 7):  # deliberately uneven: per-micro-batch means would differ
+        ids = torch.randint(0, vocab, (length,), generator=g).tolist()
+        prompt = length // 3
+        out.append({"input_ids": ids, "labels": [IGNORE_INDEX] * prompt + ids[prompt:]})
+    return out
+
+
+def _grads(model_dir, seqs, micro: int) -> dict[str, torch.Tensor]:
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    acc = Accelerator(cpu=True)
+    model = acc.prepare(model)
+    window_tokens = sum(sum(1 for t in s["labels"][1:] if t != IGNORE_INDEX) for s in seqs)
+    batches = [collate(seqs[i:i + micro], pad_id=0) for i in range(0, len(seqs), micro)]
+    backward_window(acc, model, batches, window_tokens)
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_same_gradient_for_every_split(arch, tiny_llama_dir, tiny_qwen2_dir):
+    model_dir = tiny_llama_dir if arch == "llama" else tiny_qwen2_dir
+    seqs = _sequences(vocab=1000)
+    ref = _grads(model_dir, seqs, micro=8)  # 1 micro-batch of 8
+    for micro in (1, 2, 4):  # 8 x 1, 4 x 2, 2 x 4
+        got = _grads(model_dir, seqs, micro=micro)
+        assert got.keys() == ref.keys()
+        for name in ref:
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=f"{name} differs at micro={micro}")
+
+
+def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
+    """Guard that the test above can fail: naive per-micro-batch averaging gives another gradient."""
+    seqs = _sequences(vocab=1000)
+    ref = _grads(tiny_llama_dir, seqs, micro=8)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    from anyfit.loss import token_loss_sum
+    for i in range(0, 8, 2):
+        batch = collate(seqs[i:i + 2], pad_id=0)
+        n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        (token_loss_sum(model, batch) / n / 4).backward()
+    diff = max((p.grad - ref[n]).abs().max().item() for n, p in model.named_parameters() if p.grad is not None)
+    assert diff > 1e-5
