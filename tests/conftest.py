@@ -42,7 +42,9 @@ def _save_tiny(kind: str, tokenizer_dir: Path, out: Path) -> Path:
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+                  # Wider than the usual 0.02 so a 32-wide model has logits LoRA can move (|logit| ~ width x std).
+                  initializer_range=0.3)
     torch.manual_seed(0)
     if kind == "llama":
         model = LlamaForCausalLM(LlamaConfig(**common))

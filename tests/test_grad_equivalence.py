@@ -39,7 +39,7 @@ def test_same_gradient_for_every_split(arch, tiny_llama_dir, tiny_qwen2_dir):
         got = _grads(model_dir, seqs, micro=micro)
         assert got.keys() == ref.keys()
         for name in ref:
-            torch.testing.assert_close(got[name], ref[name], rtol=1e-5, atol=1e-7, msg=f"{name} differs at micro={micro}")
+            torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=2e-6, msg=f"{name} differs at micro={micro}")
 
 
 def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
@@ -54,4 +54,4 @@ def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
         n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
         (token_loss_sum(model, batch) / n / 4).backward()
     diff = max((p.grad - ref[n]).abs().max().item() for n, p in model.named_parameters() if p.grad is not None)
-    assert diff > 1e-5
+    assert diff > 1e-4, diff  # 50x the tolerance above

@@ -35,6 +35,8 @@ class TrainResult:
     output_dir: Path
     steps: int
     losses: list[float] = field(default_factory=list)
+    model: torch.nn.Module | None = None  # the trained model, unwrapped (e.g. to generate right away)
+    tokenizer: object = None
 
 
 def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int) -> torch.Tensor:
@@ -183,4 +185,6 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
     accelerator.wait_for_everyone()
     say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {out}")
     accelerator.end_training()
+    result.model = accelerator.unwrap_model(model)
+    result.tokenizer = tokenizer
     return result
