@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from .config import ConfigError, help_text, load_config
+from .data_sources import DataError
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -49,19 +50,26 @@ def cmd_env(args) -> int:
 
 
 def cmd_render(args) -> int:
-    from .data_sources import load_records
-    from .modeling import load_tokenizer
-    from .tokenization import show_example, tokenize_dataset
-
     cfg = _load(args)
+    from .data_sources import load_records
+    from .formats import to_examples
+    from .modeling import load_tokenizer
+    from .tokenization import show_example, tokenize_dataset, tokenize_example
+
     tokenizer = load_tokenizer(cfg.model)
-    examples, report = tokenize_dataset(load_records(cfg.data), tokenizer, cfg.data)
-    if not 0 <= args.index < len(examples):
-        raise ConfigError(f"--index {args.index} is out of range: {len(examples)} examples after filtering.")
-    ex = examples[args.index]
+    records = load_records(cfg.data)
+    if not 0 <= args.index < len(records):
+        raise ConfigError(f"--index {args.index} is out of range: the data has {len(records)} records.")
+    # Show record N itself (even one the length policy would cut or drop), then what the policy does overall.
+    ids, labels = tokenize_example(to_examples(records[args.index:args.index + 1], cfg.data)[0], tokenizer, cfg.data)
     color = sys.stdout.isatty() and not args.no_color
-    print(show_example(ex["input_ids"], ex["labels"], tokenizer, color=color))
-    print(f"\n{report.summary()}")
+    print(f"record {args.index} of {cfg.data.path}:\n")
+    print(show_example(ids, labels, tokenizer, color=color))
+    if len(ids) > cfg.data.max_length:
+        print(f"\n(this record has {len(ids)} tokens, over data.max_length={cfg.data.max_length}: "
+              f"it is {'cut' if cfg.data.overlong == 'truncate' else 'dropped'} in training)")
+    _, report = tokenize_dataset(records, tokenizer, cfg.data)
+    print(f"\nwhole dataset: {report.summary()}")
     return 0
 
 
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         return args.func(args)
-    except ConfigError as e:
+    except (ConfigError, DataError) as e:
         print(f"anyfit: error: {e}", file=sys.stderr)
         return 2
 

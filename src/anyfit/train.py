@@ -59,23 +59,24 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
     return total
 
 
-def prepare_output_dir(cfg: Config, is_main: bool) -> Path:
-    """Refuse to mix two runs in one folder unless asked to overwrite."""
+def check_output_dir(cfg: Config) -> Path:
+    """Refuse to mix two runs in one folder unless asked to overwrite (checked before any heavy work)."""
     out = Path(cfg.train.output_dir)
-    previous = [p for p in ("config.yaml", "metrics.jsonl") if (out / p).exists()] + \
-               [p.name for p in out.glob(f"{PREFIX}*")] if out.exists() else []
-    if previous and not cfg.train.overwrite:
-        raise ConfigError(f"train.output_dir {out} already holds a run ({', '.join(sorted(previous)[:4])}). "
-                          "Choose another train.output_dir, or pass train.overwrite=true to replace it.")
-    if is_main:
-        if previous:
-            for p in out.glob(f"{PREFIX}*"):
-                shutil.rmtree(p)
-            for p in out.glob(f"{TMP_PREFIX}*"):
-                shutil.rmtree(p)
-            (out / "metrics.jsonl").unlink(missing_ok=True)
-        out.mkdir(parents=True, exist_ok=True)
+    if out.exists():
+        previous = [p for p in ("config.yaml", "metrics.jsonl") if (out / p).exists()]
+        previous += [p.name for p in out.glob(f"{PREFIX}*")]
+        if previous and not cfg.train.overwrite:
+            raise ConfigError(f"train.output_dir {out} already holds a run ({', '.join(sorted(previous)[:4])}). "
+                              "Choose another train.output_dir, or pass train.overwrite=true to replace it.")
     return out
+
+
+def create_output_dir(out: Path) -> None:
+    """Clear what a previous run left (only reached when overwriting is allowed) and create the folder."""
+    for p in [*out.glob(f"{PREFIX}*"), *out.glob(f"{TMP_PREFIX}*")]:
+        shutil.rmtree(p)
+    (out / "metrics.jsonl").unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
 
 
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
@@ -95,7 +96,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
     main = accelerator.is_main_process
     say = echo if main else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
-    out = prepare_output_dir(cfg, main)
+    out = check_output_dir(cfg)
     say(f"[anyfit] runtime: {policy.describe()}")
     say(f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
@@ -127,7 +128,9 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
     model.train()
 
     config_yaml = cfg.to_yaml()
+    accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if main:
+        create_output_dir(out)
         (out / "config.yaml").write_text(config_yaml)
         (out / "run_info.json").write_text(json.dumps({
             "policy": {"device": policy.device, "precision": policy.precision, "tf32": policy.tf32,

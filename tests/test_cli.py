@@ -1,0 +1,30 @@
+import json
+
+from anyfit.cli import main
+
+
+def test_env_prints_versions_memory_and_policy(capsys):
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert "torch:" in out and "host memory" in out and "device=cpu precision=fp32" in out
+
+
+def test_render_shows_what_is_trained(tiny_llama_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"problem": "What is 2+2?", "solution": "It is \\boxed{4}."}) + "\n")
+    rc = main(["render", f"model.name_or_path={tiny_llama_dir}", f"data.path={data}",
+               "data.fields={prompt: problem, completion: solution}", "--no-color"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "⟦" in out and "\\boxed{4}" in out.split("⟦", 1)[1]  # the solution is inside the trained span
+    assert "What is 2+2?" in out.split("⟦", 1)[0]  # the prompt is not
+    assert "whole dataset: Loaded 1 examples" in out
+
+
+def test_missing_field_is_a_clear_error(tiny_llama_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"question": "q", "reply": "r"}) + "\n")
+    rc = main(["train", f"model.name_or_path={tiny_llama_dir}", f"data.path={data}", f"train.output_dir={tmp_path / 'o'}"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "question" in err and "reply" in err and "data.fields" in err
+    assert not (tmp_path / "o").exists()  # nothing half-written
