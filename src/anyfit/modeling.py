@@ -101,7 +101,11 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
             model.config.__dict__.pop("quantization_config", None)
         model.hf_quantizer = None
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
