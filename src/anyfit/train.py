@@ -159,7 +159,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
 
         loss_since_log += loss_sum
         tokens_since_log += window_tokens
-        real_tokens += sum(int(b["attention_mask"].sum()) for b in batches)  # counted on the host, no sync
+        real_tokens += sum(len(examples[i]["input_ids"]) for idx in indices for i in idx)  # host ints: no device sync
         bar.update(1)
         done = step + 1
         if done % cfg.train.log_every == 0 or done == steps:
