@@ -79,3 +79,68 @@ def prune(output_dir: Path, keep_last: int) -> None:
     done = complete_checkpoints(output_dir)
     for old in done[:-max(1, keep_last)]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def resolve_resume(spec: str | None, output_dir: Path) -> Path | None:
+    """The checkpoint to resume from: None for a fresh run; 'auto' picks the newest complete one."""
+    from .config import ConfigError
+
+    if not spec:
+        return None
+    if spec == "auto":
+        done = complete_checkpoints(output_dir) if output_dir.is_dir() else []
+        return done[-1] if done else None
+    path = Path(spec)
+    if not (path / "trainer_state.json").is_file():
+        found = [p.name for p in complete_checkpoints(path.parent)] if path.parent.is_dir() else []
+        raise ConfigError(f"train.resume: {path} is not a complete checkpoint (no trainer_state.json). "
+                          + (f"Complete ones there: {', '.join(found)}. " if found else "")
+                          + "Use train.resume=auto to pick the newest complete checkpoint of train.output_dir.")
+    return path
+
+
+def _load_weights(model, directory: Path) -> None:
+    """Load saved weights into the (unwrapped) model: the adapter for PEFT models, else every tensor."""
+    from safetensors.torch import load_file
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{directory} holds no .safetensors weights")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(f))
+    if hasattr(model, "peft_config"):
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, state)
+        if result.unexpected_keys:
+            raise RuntimeError(f"adapter checkpoint {directory} does not fit this model: {result.unexpected_keys[:5]}")
+        return
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    # save_pretrained leaves out tied copies (lm_head tied to the embeddings); anything else missing is an error.
+    tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"checkpoint {directory} does not fit this model: missing {sorted(set(missing) - tied)[:5]}, "
+                           f"unexpected {sorted(unexpected)[:5]}")
+
+
+def load_checkpoint(accelerator, directory: Path, model, optimizer, scheduler) -> dict[str, Any]:
+    """Restore everything a checkpoint holds into the prepared objects; returns its trainer state."""
+    _load_weights(accelerator.unwrap_model(model), directory)
+    optimizer.load_state_dict(torch.load(directory / "optimizer.pt", map_location="cpu", weights_only=False))
+    scheduler.load_state_dict(torch.load(directory / "scheduler.pt", weights_only=False))
+    scaler = getattr(accelerator, "scaler", None)
+    if scaler is not None and (directory / "scaler.pt").is_file():
+        scaler.load_state_dict(torch.load(directory / "scaler.pt", weights_only=False))
+    rng_file = directory / f"rng_state_{accelerator.process_index}.pt"
+    if rng_file.is_file():  # absent when resuming with more processes than saved: those start from the seed
+        set_rng_state(torch.load(rng_file, weights_only=False))
+    return json.loads((directory / "trainer_state.json").read_text())
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

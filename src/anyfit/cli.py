@@ -30,9 +30,14 @@ def _load(args) -> "Config":  # noqa: F821
 
 def cmd_train(args) -> int:
     cfg = _load(args)  # validate before importing torch & co.
+    from .divergence import TrainingDiverged
     from .train import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    except TrainingDiverged as e:
+        print(f"anyfit: training stopped: {e}", file=sys.stderr)
+        return 3
     return 0
 
 

@@ -110,6 +110,13 @@ class TrainConfig:
     keep_last: int = _f(2, "Keep this many most recent checkpoints.")
     log_every: int = _f(1, "Write a metrics line every N steps.")
     seed: int = _f(42, "Seed for initialisation of adapters, data order and dropout.")
+    resume: str | None = _f(
+        None, "Continue a run: 'auto' (the newest complete checkpoint in output_dir; a fresh start if there is "
+        "none) or the path of a checkpoint-N folder. Restores weights, optimizer, scheduler, loss scaler, RNG "
+        "states and the position in the data.")
+    max_nonfinite_steps: int = _f(
+        3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "
+        "(each one is skipped: no update).")
 
 
 @dataclass
@@ -342,6 +349,7 @@ def validate(cfg: Config) -> None:
         ("train.micro_batch", t.micro_batch, 1),
         ("train.keep_last", t.keep_last, 1),
         ("train.log_every", t.log_every, 1),
+        ("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
         ("data.max_length", cfg.data.max_length, 2),
         ("lora.r", cfg.lora.r, 1),
     ]:

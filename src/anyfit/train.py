@@ -19,9 +19,11 @@ import torch
 from tqdm.auto import tqdm
 
 from .batching import BatchPlan, WindowSampler, collate
-from .checkpoint import PREFIX, TMP_PREFIX, save_checkpoint, save_model
+from .checkpoint import PREFIX, TMP_PREFIX, load_checkpoint, resolve_resume, save_checkpoint, save_model
 from .config import Config, ConfigError
 from .data_sources import load_records
+from .divergence import NonFiniteGuard, TrainingDiverged, diagnosis
+from .interruption import StopOnSignal
 from .loss import token_loss_sum
 from .metrics import MetricsLog, peak_memory_gib
 from .modeling import count_parameters, load_model, load_tokenizer
@@ -37,9 +39,12 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     model: torch.nn.Module | None = None  # the trained model, unwrapped (e.g. to generate right away)
     tokenizer: object = None
+    interrupted: str | None = None  # the signal that stopped the run early (a checkpoint was written)
+    skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
 
 
-def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int) -> torch.Tensor:
+def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int,
+                    loss_fn=token_loss_sum) -> torch.Tensor:
     """Forward and backward over one accumulation window; returns this process's summed token loss (detached).
 
     Each micro-batch's summed loss is divided by the trainable tokens of the *global* window and
@@ -53,16 +58,16 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
         # Skip the gradient all-reduce on all but the last micro-step: gradients just accumulate locally.
         sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
         with sync:
-            loss_sum = token_loss_sum(model, batch)
+            loss_sum = loss_fn(model, batch)
             accelerator.backward(loss_sum * scale)
         total += loss_sum.detach()
     return total
 
 
-def check_output_dir(cfg: Config) -> Path:
-    """Refuse to mix two runs in one folder unless asked to overwrite (checked before any heavy work)."""
+def check_output_dir(cfg: Config, resuming: bool) -> Path:
+    """Refuse to mix two runs in one folder unless asked to overwrite or resume (checked before heavy work)."""
     out = Path(cfg.train.output_dir)
-    if out.exists():
+    if out.exists() and not resuming:
         previous = [p for p in ("config.yaml", "metrics.jsonl") if (out / p).exists()]
         previous += [p.name for p in out.glob(f"{PREFIX}*")]
         if previous and not cfg.train.overwrite:
@@ -79,13 +84,20 @@ def create_output_dir(out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
 
 
+def trim_metrics(path: Path, last_step: int) -> None:
+    """Keep only metric lines up to ``last_step`` (a resumed run logs the later steps again)."""
+    if path.is_file():
+        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
+        path.write_text("".join(line + "\n" for line in keep))
+
+
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps
     return max(1, math.ceil(cfg.train.epochs * steps_per_epoch))
 
 
-def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> TrainResult:
+def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=token_loss_sum) -> TrainResult:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
@@ -96,7 +108,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
     main = accelerator.is_main_process
     say = echo if main else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
-    out = check_output_dir(cfg)
+    resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir))
+    out = check_output_dir(cfg, resuming=resume_from is not None)
     say(f"[anyfit] runtime: {policy.describe()}")
     say(f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
@@ -129,8 +142,15 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
 
     config_yaml = cfg.to_yaml()
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
+    start = 0
+    if resume_from is not None:
+        start = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)["step"]
+        say(f"[anyfit] resumed from {resume_from} at step {start} of {steps}")
     if main:
-        create_output_dir(out)
+        if resume_from is None:
+            create_output_dir(out)
+        else:  # lines logged after the checkpoint belong to steps that are about to be redone
+            trim_metrics(out / "metrics.jsonl", start)
         (out / "config.yaml").write_text(config_yaml)
         (out / "run_info.json").write_text(json.dumps({
             "policy": {"device": policy.device, "precision": policy.precision, "tf32": policy.tf32,
@@ -142,46 +162,73 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print) -> Train
 
     # --- the loop -----------------------------------------------------------------------------------------
     result = TrainResult(out, steps)
-    bar = tqdm(total=steps, disable=not main, desc="train", dynamic_ncols=True)
+    guard = NonFiniteGuard(cfg.train.max_nonfinite_steps)
+    bar = tqdm(total=steps, initial=start, disable=not main, desc="train", dynamic_ncols=True)
     real_tokens = torch.zeros((), device=accelerator.device)
     loss_since_log = torch.zeros((), device=accelerator.device)
     tokens_since_log = 0
     t_log = time.perf_counter()
-    for step in range(steps):
-        indices, window_tokens = sampler.window(step)
-        batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in
-                    collate([examples[i] for i in idx], tokenizer.pad_token_id).items()} for idx in indices]
-        loss_sum = backward_window(accelerator, model, batches, window_tokens)
-        grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad(set_to_none=True)
 
-        loss_since_log += loss_sum
-        tokens_since_log += window_tokens
-        real_tokens += sum(len(examples[i]["input_ids"]) for idx in indices for i in idx)  # host ints: no device sync
-        bar.update(1)
-        done = step + 1
-        if done % cfg.train.log_every == 0 or done == steps:
-            # One collective per logged step: the loss sum and real-token count of all processes.
-            totals = accelerator.reduce(torch.stack([loss_since_log, real_tokens]), reduction="sum")
-            elapsed = time.perf_counter() - t_log
-            loss = totals[0].item() / max(1, tokens_since_log)
-            record = {"step": done, "loss": round(loss, 6), "lr": scheduler.get_last_lr()[0],
-                      "grad_norm": round(float(grad_norm), 6), "tokens_per_s": round(totals[1].item() / elapsed, 1),
-                      "trainable_tokens": tokens_since_log, "peak_mem_gib": round(peak_memory_gib(policy.device), 3),
-                      "epoch": round(step / sampler.steps_per_epoch, 4)}
-            log.write(record)
-            result.losses.append(loss)
-            bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
-            loss_since_log.zero_()
-            real_tokens.zero_()
-            tokens_since_log = 0
-            t_log = time.perf_counter()
-        if cfg.train.save_every and done % cfg.train.save_every == 0 and done < steps:
-            save_checkpoint(accelerator, out, done, model, optimizer, scheduler, tokenizer, config_yaml,
-                            {"epoch": step // sampler.steps_per_epoch, "total_steps": steps}, cfg.train.keep_last)
+    def checkpoint(done: int) -> Path:
+        return save_checkpoint(accelerator, out, done, model, optimizer, scheduler, tokenizer, config_yaml,
+                               {"epoch": (done - 1) // sampler.steps_per_epoch, "total_steps": steps,
+                                "skipped_steps": guard.skipped}, cfg.train.keep_last)
+
+    with StopOnSignal() as stop:
+        for step in range(start, steps):
+            indices, window_tokens = sampler.window(step)  # the position in the data is the step number
+            batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in
+                        collate([examples[i] for i in idx], tokenizer.pad_token_id).items()} for idx in indices]
+            loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn)
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+            # A non-finite loss or gradient norm skips the update (fp16 overflow is the scaler's job, not a failure).
+            finite = bool(torch.isfinite(loss_sum)) and (policy.precision == "fp16" or bool(torch.isfinite(grad_norm)))
+            guard.record(finite)
+            if finite:
+                optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            done = step + 1
+            if guard.exhausted:
+                last = resolve_resume("auto", out)
+                raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
+
+            if finite:
+                loss_since_log += loss_sum
+                tokens_since_log += window_tokens
+            real_tokens += sum(len(examples[i]["input_ids"]) for idx in indices for i in idx)  # host ints: no sync
+            bar.update(1)
+            if done % cfg.train.log_every == 0 or done == steps:
+                # One collective per logged step: the loss sum and real-token count of all processes.
+                totals = accelerator.reduce(torch.stack([loss_since_log, real_tokens]), reduction="sum")
+                elapsed = time.perf_counter() - t_log
+                loss = totals[0].item() / tokens_since_log if tokens_since_log else float("nan")
+                record = {"step": done, "loss": round(loss, 6), "lr": scheduler.get_last_lr()[0],
+                          "grad_norm": round(float(grad_norm), 6),
+                          "tokens_per_s": round(totals[1].item() / elapsed, 1), "trainable_tokens": tokens_since_log,
+                          "peak_mem_gib": round(peak_memory_gib(policy.device), 3),
+                          "epoch": round(step / sampler.steps_per_epoch, 4), "skipped_steps": guard.skipped}
+                log.write(record)
+                result.losses.append(loss)
+                bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
+                loss_since_log.zero_()
+                real_tokens.zero_()
+                tokens_since_log = 0
+                t_log = time.perf_counter()
+            if stop.requested(accelerator) and done < steps:
+                path = checkpoint(done)
+                bar.close()
+                say(f"[anyfit] {stop.signal_name or 'a stop signal'} received: saved {path} after step {done}. "
+                    f"Continue with: anyfit train <config> train.output_dir={out} train.resume=auto")
+                result.interrupted = stop.signal_name or "signal"
+                result.skipped_steps = guard.skipped
+                return result
+            if cfg.train.save_every and done % cfg.train.save_every == 0 and done < steps:
+                checkpoint(done)
     bar.close()
+    result.skipped_steps = guard.skipped
+    if guard.skipped:
+        say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")
 
     # --- the final model: loadable by transformers (or PEFT for an adapter) ----------------------------
     save_model(accelerator, model, tokenizer, out)
