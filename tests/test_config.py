@@ -65,3 +65,11 @@ def test_cli_reports_bad_key_without_traceback(capsys):
     assert main(["train", "train.learing_rate=1"]) == 2
     err = capsys.readouterr().err
     assert "Did you mean 'train.learning_rate'" in err and "Traceback" not in err
+
+
+def test_readme_config_reference_lists_every_key():
+    readme = (ROOT / "README.md").read_text()
+    from anyfit.config import all_keys
+
+    missing = [k for k in all_keys() if f"`{k}`" not in readme]
+    assert not missing, f"README config reference lacks {missing}"
