@@ -29,21 +29,38 @@ class BatchPlan:
     processes: int
 
     @staticmethod
-    def from_config(cfg: TrainConfig, processes: int) -> "BatchPlan":
+    def from_config(cfg: TrainConfig, processes: int, micro_batch: int | None = None) -> "BatchPlan":
+        """``micro_batch`` overrides the config's value (used once ``auto`` has been measured)."""
+        requested = micro_batch if micro_batch is not None else cfg.micro_batch
         per_process, rem = divmod(cfg.effective_batch, processes)
         if rem:
             raise ConfigError(f"train.effective_batch={cfg.effective_batch} cannot be split evenly over {processes} "
                               f"processes; use a multiple of {processes} (e.g. {per_process * processes or processes}"
                               f" or {(per_process + 1) * processes}).")
-        micro = min(cfg.micro_batch, per_process)
+        if requested == "auto":  # a placeholder until the probe has measured; the split is valid
+            requested = 1
+        micro = min(requested, per_process)
         accumulation, rem = divmod(per_process, micro)
         if rem:
             divisors = [d for d in range(1, per_process + 1) if per_process % d == 0]
             ok = max(d for d in divisors if d <= micro)
-            raise ConfigError(f"train.micro_batch={cfg.micro_batch} does not divide the {per_process} sequences each of "
+            raise ConfigError(f"train.micro_batch={requested} does not divide the {per_process} sequences each of "
                               f"the {processes} process(es) gets per step (effective_batch={cfg.effective_batch}); "
                               f"use train.micro_batch={ok} (valid: {divisors}).")
         return BatchPlan(cfg.effective_batch, micro, accumulation, processes)
+
+    @property
+    def per_process(self) -> int:
+        return self.effective_batch // self.processes
+
+    def with_micro_batch(self, micro: int) -> "BatchPlan":
+        """The same effective batch with another micro-batch (it must divide the per-process share)."""
+        assert self.per_process % micro == 0, (self.per_process, micro)
+        return BatchPlan(self.effective_batch, micro, self.per_process // micro, self.processes)
+
+    def candidates(self) -> list[int]:
+        """Micro-batch sizes that keep the effective batch exactly: the divisors of the per-process share."""
+        return [d for d in range(1, self.per_process + 1) if self.per_process % d == 0]
 
     def describe(self) -> str:
         return (f"effective batch {self.effective_batch} = micro-batch {self.micro_batch} x accumulation "

@@ -93,7 +93,9 @@ class TrainConfig:
     effective_batch: int = _f(
         32, "Sequences per optimizer step, summed over micro-batches, accumulation and processes. "
         "The same on every machine: micro_batch and accumulation are derived from it.")
-    micro_batch: int = _f(4, "Sequences per forward pass per process. Accumulation = effective / (micro x processes).")
+    micro_batch: int | Literal["auto"] = _f(
+        4, "Sequences per forward pass per process; accumulation = effective / (micro x processes). 'auto': a "
+        "short probe on the longest sequences measures peak memory and picks the largest that fits.")
     epochs: float = _f(1.0, "Passes over the data (ignored when max_steps > 0).")
     max_steps: int = _f(0, "Stop after this many optimizer steps (0: derive from epochs).")
     learning_rate: float = _f(2e-5, "Peak learning rate.")
@@ -129,6 +131,8 @@ class RuntimeConfig:
         "on older CUDA, fp32 on MPS and CPU.")
     tf32: bool = _f(True, "Allow TF32 matmuls on CUDA where the GPU has them.")
     fused_optimizer: bool = _f(True, "Use fused AdamW where the device supports it.")
+    memory_fraction: float = _f(
+        0.85, "Share of the device's memory (host RAM on CPU) that micro_batch=auto may plan to use.")
     num_workers: int = _f(0, "Data loader worker processes.")
 
 
@@ -179,6 +183,17 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def _expected(tp: Any) -> str:
+    """A type in words, for error messages."""
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) is list:
+        return "a list"
+    if typing.get_origin(tp) is dict:
+        return "a mapping"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, _type_name(tp))
+
+
 def _suggest(key: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
     if not close:  # also try matching the last part alone: 'lr_schedule' typed under the wrong section
@@ -207,7 +222,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as e:
                 errors.append(str(e))
-        raise ConfigError(f"{where}: {value!r} is not a {_type_name(tp)}.")
+        wanted = " or ".join(_expected(a) for a in typing.get_args(tp) if a is not type(None))
+        raise ConfigError(f"{where}: expected {wanted}, got {value!r}.")
     if origin is list:
         (item,) = typing.get_args(tp)
         if not isinstance(value, list):
@@ -346,7 +362,6 @@ def validate(cfg: Config) -> None:
     t = cfg.train
     for key, value, low in [
         ("train.effective_batch", t.effective_batch, 1),
-        ("train.micro_batch", t.micro_batch, 1),
         ("train.keep_last", t.keep_last, 1),
         ("train.log_every", t.log_every, 1),
         ("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
@@ -361,11 +376,15 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
     if t.learning_rate <= 0:
         raise ConfigError(f"'train.learning_rate' must be positive, got {t.learning_rate}.")
+    if not 0 < cfg.runtime.memory_fraction <= 1:
+        raise ConfigError(f"'runtime.memory_fraction' must be in (0, 1], got {cfg.runtime.memory_fraction}.")
     if not 0 <= t.warmup_ratio < 1:
         raise ConfigError(f"'train.warmup_ratio' must be in [0, 1), got {t.warmup_ratio}.")
     if t.max_steps == 0 and t.epochs <= 0:
         raise ConfigError("Set 'train.max_steps' > 0 or 'train.epochs' > 0: the run has no length.")
-    if t.micro_batch > t.effective_batch:
+    if t.micro_batch != "auto" and t.micro_batch < 1:
+        raise ConfigError(f"'train.micro_batch' must be at least 1 or 'auto', got {t.micro_batch}.")
+    if t.micro_batch != "auto" and t.micro_batch > t.effective_batch:
         raise ConfigError(f"'train.micro_batch' ({t.micro_batch}) is larger than 'train.effective_batch' "
                           f"({t.effective_batch}); lower micro_batch or raise effective_batch.")
     unknown_fields = set(cfg.data.fields) - {"messages", "prompt", "completion", "text", "system", "answer"}
@@ -385,3 +404,18 @@ def help_text() -> str:
             out.append(f"\n{s}:  {SECTIONS[s].__doc__.strip()}")
         out.append(f"  {key} ({tp}, default {default!r})\n      {help}")
     return "\n".join(out)
+
+
+def reference_markdown() -> str:
+    """The README's config reference tables, generated from the dataclasses (scripts/update_readme.py)."""
+    out: list[str] = []
+    section = None
+    for key, tp, default, help in field_help():
+        s = key.split(".")[0]
+        if s != section:
+            section = s
+            out += ([""] if out else []) + [f"**{s}**: {SECTIONS[s].__doc__.strip()}", "",
+                                            "| key | type | default | meaning |", "|---|---|---|---|"]
+        tp = tp.replace("|", "\\|").replace("NoneType", "null")
+        out.append(f"| `{key}` | {tp} | `{default!r}` | {help} |")
+    return "\n".join(out) + "\n"

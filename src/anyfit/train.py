@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
+from .autofit import free_memory, halve_micro_batch, is_oom, probe_micro_batch
 from .batching import BatchPlan, WindowSampler, collate
 from .checkpoint import PREFIX, TMP_PREFIX, load_checkpoint, resolve_resume, save_checkpoint, save_model
 from .config import Config, ConfigError
@@ -111,7 +112,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir))
     out = check_output_dir(cfg, resuming=resume_from is not None)
     say(f"[anyfit] runtime: {policy.describe()}")
-    say(f"[anyfit] batch: {plan.describe()}")
+    say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is loaded)"
+        if cfg.train.micro_batch == "auto" else f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
 
     # --- data: every process tokenizes the same examples and draws the same windows ---------------
@@ -139,6 +141,16 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     scheduler = build_scheduler(optimizer, cfg.train, steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
+    if cfg.train.micro_batch == "auto":
+        # Measured, not guessed: forward+backward on the longest sequences at growing micro-batch sizes.
+        # No gradient all-reduce during the probe, and the RNG is left as it was (resume stays exact).
+        rng_devices = [torch.cuda.current_device()] if policy.device == "cuda" else []
+        with accelerator.no_sync(model), torch.random.fork_rng(devices=rng_devices):
+            micro = probe_micro_batch(model, examples, plan, tokenizer.pad_token_id, policy.device,
+                                      cfg.runtime.memory_fraction, optimizer_bytes=8 * trainable, echo=say)
+        micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())  # all agree
+        plan = sampler.plan = plan.with_micro_batch(micro)
+        say(f"[anyfit] micro_batch=auto chose {micro}: {plan.describe()}")
 
     config_yaml = cfg.to_yaml()
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
@@ -176,10 +188,21 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
 
     with StopOnSignal() as stop:
         for step in range(start, steps):
-            indices, window_tokens = sampler.window(step)  # the position in the data is the step number
-            batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in
-                        collate([examples[i] for i in idx], tokenizer.pad_token_id).items()} for idx in indices]
-            loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn)
+            loss_sum = None
+            while loss_sum is None:  # repeated only after an out-of-memory error, with smaller micro-batches
+                indices, window_tokens = sampler.window(step)  # the position in the data is the step number
+                batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in
+                            collate([examples[i] for i in idx], tokenizer.pad_token_id).items()} for idx in indices]
+                try:
+                    loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn)
+                except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
+                    if not is_oom(e):
+                        raise
+                    del batches
+                    optimizer.zero_grad(set_to_none=True)  # drop the partial window: the step is redone whole
+                    free_memory(policy.device)
+                    plan = sampler.plan = halve_micro_batch(plan, accelerator.num_processes, e)
+                    say(f"[anyfit] out of memory at step {step + 1}: retrying the step with {plan.describe()}")
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
             # A non-finite loss or gradient norm skips the update (fp16 overflow is the scaler's job, not a failure).
             finite = bool(torch.isfinite(loss_sum)) and (policy.precision == "fp16" or bool(torch.isfinite(grad_norm)))
@@ -207,7 +230,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                           "grad_norm": round(float(grad_norm), 6),
                           "tokens_per_s": round(totals[1].item() / elapsed, 1), "trainable_tokens": tokens_since_log,
                           "peak_mem_gib": round(peak_memory_gib(policy.device), 3),
-                          "epoch": round(step / sampler.steps_per_epoch, 4), "skipped_steps": guard.skipped}
+                          "epoch": round(step / sampler.steps_per_epoch, 4), "skipped_steps": guard.skipped,
+                          "micro_batch": plan.micro_batch}
                 log.write(record)
                 result.losses.append(loss)
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
