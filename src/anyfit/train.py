@@ -154,9 +154,10 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
 
     config_yaml = cfg.to_yaml()
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
-    start = 0
+    start, skipped_before = 0, 0
     if resume_from is not None:
-        start = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)["step"]
+        state = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)
+        start, skipped_before = state["step"], state.get("skipped_steps", 0)
         say(f"[anyfit] resumed from {resume_from} at step {start} of {steps}")
     if main:
         if resume_from is None:
@@ -175,6 +176,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     # --- the loop -----------------------------------------------------------------------------------------
     result = TrainResult(out, steps)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps)
+    guard.skipped = skipped_before
     bar = tqdm(total=steps, initial=start, disable=not main, desc="train", dynamic_ncols=True)
     real_tokens = torch.zeros((), device=accelerator.device)
     loss_since_log = torch.zeros((), device=accelerator.device)
