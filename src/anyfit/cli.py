@@ -85,6 +85,129 @@ def cmd_quickstart(args) -> int:
     return 0
 
 
+def _batch_size_arg(text: str):
+    """``auto`` or a positive integer (for --batch-size)."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+    return value
+
+
+def _read_prompts(path: str) -> list[str]:
+    """Prompts from a file: one per line, or JSON lines with a 'prompt' field."""
+    import json
+    from pathlib import Path
+
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--file {path}: no such file.")
+    prompts = []
+    for lineno, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: looks like JSON but is not valid ({e.msg}).") from None
+            if not isinstance(record.get("prompt"), str):
+                raise ConfigError(f"{path}:{lineno}: a JSON line needs a string 'prompt' field; found "
+                                  f"{', '.join(map(repr, record)) or 'no fields'}.")
+            prompts.append(record["prompt"])
+        else:
+            prompts.append(line)
+    return prompts
+
+
+def _generation_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="Longest completion, in tokens.")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy; above 0 samples.")
+    p.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass (with --temperature > 0).")
+    p.add_argument("--seed", type=int, default=0, help="Seed for sampling (the same seed gives the same samples).")
+    p.add_argument("--stop", action="append", default=[], help="Stop string (repeatable): the text is cut there.")
+    p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
+                   help="auto: vLLM on CUDA when it is installed, else transformers.")
+    p.add_argument("--batch-size", type=_batch_size_arg, default="auto",
+                   help="Prompts per generation batch (transformers backend): a number, or auto (from free memory).")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="Merge a LoRA adapter into the base weights before generating.")
+
+
+def cmd_generate(args) -> int:
+    import json
+
+    from .inference import GenerationParams, make_backend
+
+    prompts = list(args.prompt) + (_read_prompts(args.file) if args.file else [])
+    if not prompts:
+        raise ConfigError("No prompts: give --prompt TEXT (repeatable) or --file FILE (one per line, or JSONL "
+                          "with a 'prompt' field).")
+    try:
+        params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                  seed=args.seed, stop=tuple(args.stop), chat=not args.raw,
+                                  system_prompt=args.system_prompt)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    backend = make_backend(args.model, args.backend, args.device, args.batch_size, merge_lora=args.merge_lora,
+                           seed=args.seed)
+    for i, (prompt, c) in enumerate(zip(prompts, backend.generate(prompts, params))):
+        if args.jsonl:
+            print(json.dumps({"prompt": prompt, "completion": c.text, "num_tokens": c.num_tokens,
+                              "finish_reason": c.finish_reason}, ensure_ascii=False))
+        else:
+            print(f"### prompt {i + 1}: {prompt}\n{c.text}\n[{c.num_tokens} tokens, {c.finish_reason}]\n")
+    return 0
+
+
+def _set_in_config(args, key: str) -> bool:
+    """Whether the user's YAML file or overrides set ``section.name``."""
+    import yaml
+
+    if any(o.split("=", 1)[0].strip() == key for o in list(args.overrides) + [args.config or ""]):
+        return True
+    if args.config and args.config.endswith((".yaml", ".yml")):
+        from pathlib import Path
+
+        raw = yaml.safe_load(Path(args.config).read_text()) if Path(args.config).is_file() else None
+        section, name = key.split(".", 1)
+        return isinstance(raw, dict) and isinstance(raw.get(section), dict) and name in raw[section]
+    return False
+
+
+def cmd_eval(args) -> int:
+    from pathlib import Path
+
+    import yaml
+
+    cfg = _load(args)
+    model = args.model or cfg.model.name_or_path
+    if not model:
+        raise ConfigError("No model to evaluate: give --model MODEL_OR_OUTPUT_DIR (or model.name_or_path=...).")
+    # A training output folder records how its prompts were laid out; evaluate with the same layout
+    # unless told otherwise, so the model sees the prompts it was trained on.
+    run_config = Path(model) / "config.yaml"
+    if run_config.is_file():
+        trained = (yaml.safe_load(run_config.read_text()) or {}).get("data", {})
+        for name in ("template", "system_prompt"):
+            if name in trained and not _set_in_config(args, f"data.{name}"):
+                setattr(cfg.data, name, trained[name])
+                print(f"[anyfit] eval: data.{name}={trained[name]!r}, as in the training run ({run_config})")
+    from .evaluate import evaluate
+
+    name = Path(model).name if Path(model).exists() else model.replace("/", "__")  # hub ids: one folder level
+    out = args.out or str(Path("runs") / "eval" / name)
+    evaluate(model, cfg.data, out_dir=out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+             backend=args.backend, device=cfg.runtime.device, temperature=args.temperature, top_p=args.top_p,
+             seed=args.seed, stop=args.stop, merge_lora=args.merge_lora, tokenizer=cfg.model.tokenizer,
+             trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anyfit", description="Supervised fine-tuning that adapts to the hardware.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -106,6 +229,24 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("quickstart", help="Offline demo: fine-tune SmolLM2-135M on synthetic arithmetic on this machine.")
     p.add_argument("--output-dir", default="runs/quickstart", help="Where the fine-tuned model goes.")
     p.set_defaults(func=cmd_quickstart)
+
+    p = sub.add_parser("generate", help="Generate completions: anyfit generate --model M --prompt TEXT [--prompt ...]")
+    p.add_argument("--model", required=True, help="Hub id, model folder, or a training output folder (full or LoRA).")
+    p.add_argument("--prompt", action="append", default=[], help="A prompt (repeatable).")
+    p.add_argument("--file", help="Prompts, one per line, or JSON lines with a 'prompt' field.")
+    p.add_argument("--raw", action="store_true", help="Give the prompts as raw text, without the chat template.")
+    p.add_argument("--system-prompt", help="System message for the chat template.")
+    p.add_argument("--device", choices=("auto", "cuda", "mps", "cpu"), default="auto", help="auto: cuda > mps > cpu.")
+    p.add_argument("--jsonl", action="store_true", help="Print one JSON object per completion.")
+    _generation_args(p, max_new_tokens=256)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("eval", help="Answer accuracy by generation: anyfit eval [CONFIG] [key=value ...] --model M")
+    _config_args(p)
+    p.add_argument("--model", help="Hub id, model folder, or a training output folder (default: model.name_or_path).")
+    p.add_argument("--out", help="Folder for predictions.jsonl and summary.json (default: runs/eval/<model name>).")
+    _generation_args(p, max_new_tokens=1024)
+    p.set_defaults(func=cmd_eval)
     return parser
 
 
