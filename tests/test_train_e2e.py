@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -25,7 +26,7 @@ def write_dataset(path: Path, n: int = 16) -> Path:
             k = 1 + i % 5
             prompt = f"Repeat {' '.join(words[(i + j) % 8] for j in range(k))}"
             completion = " ".join(words[(i + j) % 8] for j in range(k)) + f" #{i}"
-            f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+            f.write(json.dumps({"prompt": prompt, "completion": completion, "answer": str(i)}) + "\n")
     return path
 
 
@@ -117,3 +118,18 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6)
     assert not any(w1[k].equal(load_file(Path(tiny_llama_dir) / "model.safetensors")[k]) for k in w1 if "norm" not in k)
+
+
+def test_evaluation_during_training(tiny_qwen2_dir, tmp_path):
+    data = write_dataset(tmp_path / "d.jsonl", n=20)
+    cfg = config_for(tiny_qwen2_dir, data, tmp_path / "out", "train.effective_batch=4", "train.micro_batch=2",
+                     "train.max_steps=4", "eval.holdout=4", "eval.every=2", "eval.generate_before=true",
+                     "eval.generate_at_end=true", "eval.num_generate=2", "eval.max_new_tokens=4", "eval.batch_size=2")
+    result = train(cfg)
+    evals = [m for m in read_metrics(tmp_path / "out") if "val_loss" in m or "gen_accuracy" in m]
+    assert [e["step"] for e in evals] == [0, 2, 4]
+    assert "gen_accuracy" in evals[0] and "gen_accuracy" in evals[-1] and "gen_accuracy" not in evals[1]
+    assert all(math.isfinite(e["val_loss"]) for e in evals[1:]) and evals[-1]["gen_n"] == 2
+    assert result.evals == evals
+    info = json.loads((tmp_path / "out" / "run_info.json").read_text())
+    assert info["data"]["loaded"] == 16  # the 4 held-out records are not trained on

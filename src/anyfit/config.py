@@ -122,6 +122,22 @@ class TrainConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation during training: validation loss and generation accuracy on held-out examples."""
+
+    path: str | None = _f(None, "Held-out data (file or hub name, read with the data.* settings); default: data.path.")
+    split: str | None = _f(None, "Split of eval.path (e.g. 'test[:200]'). Set eval.path or eval.split to hold data out.")
+    holdout: int = _f(0, "Instead of eval.path/split: hold out this many training records (seeded) for evaluation.")
+    every: int = _f(0, "Validation loss every N optimizer steps (0: off); also at the end when eval data is set.")
+    generate_every: int = _f(0, "Generation accuracy every N steps (0: off). Costs a generation pass each time.")
+    generate_before: bool = _f(False, "Generation accuracy before the first step (the base model's score).")
+    generate_at_end: bool = _f(False, "Generation accuracy after the last step.")
+    num_generate: int = _f(64, "Held-out examples used for generation accuracy.")
+    max_new_tokens: int = _f(256, "Longest generated answer in the generation eval.")
+    batch_size: int | Literal["auto"] = _f("auto", "Generation batch size; auto sizes it from free memory and the KV cache.")
+
+
+@dataclass
 class RuntimeConfig:
     """Hardware policy. 'auto' resolves once at start and is printed with its reason."""
 
@@ -144,6 +160,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     lora: LoraConfig = field(default_factory=LoraConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,7 +170,8 @@ class Config:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
 
-SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "lora": LoraConfig, "train": TrainConfig, "runtime": RuntimeConfig}
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "lora": LoraConfig, "train": TrainConfig,
+                             "eval": EvalConfig, "runtime": RuntimeConfig}
 
 
 def all_keys() -> list[str]:
@@ -370,10 +388,16 @@ def validate(cfg: Config) -> None:
     ]:
         if value < low:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
-    for key, value in [("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
+    for key, value in [("eval.holdout", cfg.eval.holdout), ("eval.every", cfg.eval.every),
+                       ("eval.generate_every", cfg.eval.generate_every), ("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
                        ("train.warmup_steps", t.warmup_steps), ("runtime.num_workers", cfg.runtime.num_workers)]:
         if value < 0:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
+    if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):
+        raise ConfigError("Set either eval.holdout (records taken from the training data) or eval.path/eval.split "
+                          "(separate held-out data), not both.")
+    if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
+        raise ConfigError(f"'eval.batch_size' must be at least 1 or 'auto', got {cfg.eval.batch_size}.")
     if t.learning_rate <= 0:
         raise ConfigError(f"'train.learning_rate' must be positive, got {t.learning_rate}.")
     if not 0 < cfg.runtime.memory_fraction <= 1:

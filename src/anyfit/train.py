@@ -29,6 +29,7 @@ from .loss import token_loss_sum
 from .metrics import MetricsLog, peak_memory_gib
 from .modeling import count_parameters, load_model, load_tokenizer
 from .optim import build_optimizer, build_scheduler
+from .validation import split_eval_records, validation_loss
 from .runtime import RuntimePolicy, apply_policy, resolve_runtime, versions
 from .tokenization import tokenize_dataset
 
@@ -40,6 +41,7 @@ class TrainResult:
     losses: list[float] = field(default_factory=list)
     model: torch.nn.Module | None = None  # the trained model, unwrapped (e.g. to generate right away)
     tokenizer: object = None
+    evals: list[dict] = field(default_factory=list)  # validation loss / generation accuracy records
     interrupted: str | None = None  # the signal that stopped the run early (a checkpoint was written)
     skipped_steps: int = 0  # updates skipped for a non-finite loss or gradient
 
@@ -118,8 +120,25 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
 
     # --- data: every process tokenizes the same examples and draws the same windows ---------------
     tokenizer = load_tokenizer(cfg.model)
-    examples, report = tokenize_dataset(load_records(cfg.data), tokenizer, cfg.data)
+    train_records, eval_records = split_eval_records(cfg, load_records(cfg.data))
+    examples, report = tokenize_dataset(train_records, tokenizer, cfg.data)
     say(f"[anyfit] data: {report.summary()}")
+    eval_examples, gen_examples = [], []
+    if eval_records:
+        from .formats import to_examples
+
+        eval_examples, eval_report = tokenize_dataset(eval_records, tokenizer, cfg.data)
+        if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
+            from .evaluate import example_gold
+
+            # Checked now, not after hours of training: generation accuracy needs gold answers.
+            gen_examples = [e for e in to_examples(eval_records, cfg.data) if example_gold(e) is not None]
+            if not gen_examples:
+                raise ConfigError("eval.generate_* is on but no held-out record has a gold answer: map an answer "
+                                  "column with data.fields: {answer: ...}, or use solutions ending in \\boxed{...} "
+                                  "or '#### N'.")
+            gen_examples = gen_examples[:cfg.eval.num_generate]
+        say(f"[anyfit] eval data: {eval_report.summary()}")
     sampler = WindowSampler([len(e["input_ids"]) for e in examples],
                             [sum(1 for t in e["labels"] if t != -100) for e in examples],
                             plan, accelerator.process_index, cfg.train.seed)
@@ -188,6 +207,29 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                                {"epoch": (done - 1) // sampler.steps_per_epoch, "total_steps": steps,
                                 "skipped_steps": guard.skipped}, cfg.train.keep_last)
 
+    def evaluate_now(done: int, loss: bool, generate: bool) -> None:
+        """Validation loss (all processes) and generation accuracy (main process, others wait), logged."""
+        record: dict = {"step": done}
+        if loss and eval_examples:
+            record["val_loss"] = round(validation_loss(accelerator, model, eval_examples, plan.micro_batch,
+                                                       tokenizer.pad_token_id, loss_fn), 6)
+        if generate and gen_examples:
+            if main:
+                from .evaluate import generation_eval
+
+                summary = generation_eval(accelerator.unwrap_model(model), tokenizer, gen_examples, cfg.data,
+                                          cfg.eval.max_new_tokens, cfg.eval.batch_size)
+                record.update({f"gen_{k}": summary[k] for k in ("accuracy", "format_rate", "fallback_rate",
+                                                                "mean_completion_tokens", "tokens_per_second", "n")})
+            accelerator.wait_for_everyone()
+        if len(record) > 1:
+            log.write(record)
+            result.evals.append(record)
+            say(f"[anyfit] eval at step {done}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+
+    if cfg.eval.generate_before and start == 0:
+        evaluate_now(0, loss=cfg.eval.every > 0, generate=True)
+
     with StopOnSignal() as stop:
         for step in range(start, steps):
             loss_sum = None
@@ -241,6 +283,11 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                 real_tokens.zero_()
                 tokens_since_log = 0
                 t_log = time.perf_counter()
+            eval_loss_now = cfg.eval.every and (done % cfg.eval.every == 0 or done == steps)
+            eval_gen_now = (cfg.eval.generate_every and done % cfg.eval.generate_every == 0) or \
+                (cfg.eval.generate_at_end and done == steps)
+            if eval_loss_now or eval_gen_now:
+                evaluate_now(done, loss=bool(eval_loss_now), generate=bool(eval_gen_now))
             if stop.requested(accelerator) and done < steps:
                 path = checkpoint(done)
                 bar.close()
