@@ -1,4 +1,4 @@
-"""The ``anyfit`` command line: train, env, render, quickstart.
+"""The ``anyfit`` command line: train, env, render, plan, generate, eval, quickstart.
 
 Multi-process runs use the same command under a launcher:
 ``torchrun --nproc_per_node 2 -m anyfit train CONFIG.yaml`` (or ``accelerate launch -m anyfit ...``).
@@ -81,7 +81,7 @@ def cmd_render(args) -> int:
 def cmd_quickstart(args) -> int:
     from .quickstart import run_quickstart
 
-    run_quickstart(output_dir=args.output_dir, overwrite=True)
+    run_quickstart(output_dir=args.output_dir)
     return 0
 
 
