@@ -55,7 +55,8 @@ _SUB_TEMPLATES = [
     "{name} scored {a} points and {name}'s friend scored {b}. How many more points did {name} score?",
 ]
 
-STYLES = ("what_is", "question", "word", "mixed")
+PROMPT_STYLES = ("what_is", "question", "word", "mixed")
+SOLUTION_STYLES = ("steps", "direct")
 
 _QUESTION_TEMPLATES = [
     "What is {a} {op} {b}?",
@@ -97,9 +98,19 @@ def solve_steps(a: int, op: str, b: int) -> list[str]:
     return steps
 
 
-def solution(a: int, op: str, b: int) -> str:
-    r"""The completion for ``a op b``: the equation, the column steps, ``\boxed{result}``."""
+def solution(a: int, op: str, b: int, style: str = "steps") -> str:
+    r"""The completion for ``a op b``, ending in ``\boxed{result}``.
+
+    ``style="steps"``: the equation, then the column steps (``"59 + 63:\n9+3=12, carry 1\n5+6+1=12\n\boxed{122}"``).
+    ``style="direct"``: the equation with its result (``"59 + 63 = 122\n\boxed{122}"``): a third of the
+    tokens, and what the model already half knows, so it learns it in fewer steps.
+    """
+    if style not in SOLUTION_STYLES:
+        raise ValueError(f"solution style must be one of {', '.join(SOLUTION_STYLES)}; got {style!r}")
     result = a + b if op == "+" else a - b
+    if style == "direct":
+        solve_steps(a, op, b)  # the same checks on the operands
+        return f"{a} {op} {b} = {result}\n\\boxed{{{result}}}"
     return f"{a} {op} {b}:\n" + "\n".join(solve_steps(a, op, b)) + f"\n\\boxed{{{result}}}"
 
 
@@ -108,15 +119,17 @@ def is_heldout(a: int, op: str, b: int) -> bool:
     return zlib.crc32(f"{a}{op}{b}".encode()) % HELDOUT_MODULUS == 0
 
 
-def make_record(a: int, op: str, b: int, rng: random.Random, style: str = "mixed") -> dict:
+def make_record(a: int, op: str, b: int, rng: random.Random, prompt_style: str = "mixed",
+                solution_style: str = "steps") -> dict:
     """One problem as ``{"prompt", "completion", "answer"}``.
 
-    ``style``: ``"what_is"`` ("What is a + b?", the quickstart's yardstick), ``"question"`` (a bare
+    ``prompt_style``: ``"what_is"`` ("What is a + b?", the quickstart's yardstick), ``"question"`` (a bare
     arithmetic question in one of a few phrasings), ``"word"`` (a story) or ``"mixed"`` (questions
-    and stories half and half, drawn from ``rng``).
+    and stories half and half, drawn from ``rng``). ``solution_style``: see :func:`solution`.
     """
-    if style not in STYLES:
-        raise ValueError(f"style must be one of {', '.join(STYLES)}; got {style!r}")
+    style = prompt_style
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"prompt style must be one of {', '.join(PROMPT_STYLES)}; got {style!r}")
     if style == "mixed":
         style = "question" if rng.random() < 0.5 else "word"
     if style == "what_is":
@@ -127,7 +140,8 @@ def make_record(a: int, op: str, b: int, rng: random.Random, style: str = "mixed
         templates = _ADD_TEMPLATES if op == "+" else _SUB_TEMPLATES
         text = rng.choice(templates).format(a=a, b=b, name=rng.choice(_NAMES))
     result = a + b if op == "+" else a - b
-    return {"prompt": f"{text} {BOXED_INSTRUCTION}", "completion": solution(a, op, b), "answer": str(result)}
+    return {"prompt": f"{text} {BOXED_INSTRUCTION}", "completion": solution(a, op, b, solution_style),
+            "answer": str(result)}
 
 
 def _draw_operands(rng: random.Random, digits: tuple[int, ...], op: str) -> tuple[int, int]:
@@ -140,7 +154,7 @@ def _draw_operands(rng: random.Random, digits: tuple[int, ...], op: str) -> tupl
 
 
 def _generate(n: int, seed: int, heldout: bool, ops: tuple[str, ...], digits: tuple[int, ...],
-              style: str) -> list[dict]:
+              prompt_style: str, solution_style: str) -> list[dict]:
     for op in ops:
         if op not in ("+", "-"):
             raise ValueError(f"ops must be '+' and/or '-', got {op!r}")
@@ -161,24 +175,30 @@ def _generate(n: int, seed: int, heldout: bool, ops: tuple[str, ...], digits: tu
         if key in seen or is_heldout(*key) != heldout:
             continue
         seen.add(key)
-        records.append(make_record(a, op, b, rng, style))
+        records.append(make_record(a, op, b, rng, prompt_style, solution_style))
     return records
 
 
 def train_set(n: int, seed: int = 0, ops: tuple[str, ...] = ("+", "-"), digits: tuple[int, ...] = (2, 3),
-              style: str = "mixed") -> list[dict]:
-    """``n`` distinct training problems (never a held-out ``(a, op, b)``), the same for the same arguments."""
-    return _generate(n, seed, heldout=False, ops=ops, digits=digits, style=style)
+              prompt_style: str = "mixed", solution_style: str = "steps") -> list[dict]:
+    """``n`` distinct training problems (never a held-out ``(a, op, b)``), the same for the same arguments.
+
+    Each operand's digit count is drawn from ``digits`` on its own, so ``(2, 3)`` mixes 2+2, 2+3
+    and 3+3-digit problems; ``op`` is drawn from ``ops``.
+    """
+    return _generate(n, seed, heldout=False, ops=ops, digits=digits, prompt_style=prompt_style,
+                     solution_style=solution_style)
 
 
 def heldout_set(n: int, seed: int = 1, ops: tuple[str, ...] = ("+",), digits: tuple[int, ...] = (2,),
-                style: str = "what_is") -> list[dict]:
+                prompt_style: str = "what_is", solution_style: str = "steps") -> list[dict]:
     r"""``n`` distinct evaluation problems, disjoint from every :func:`train_set`.
 
     The defaults give the quickstart's yardstick: two-digit additions asked as
     "What is 59 + 63? Put the final answer in \boxed{}."-style questions.
     """
-    return _generate(n, seed, heldout=True, ops=ops, digits=digits, style=style)
+    return _generate(n, seed, heldout=True, ops=ops, digits=digits, prompt_style=prompt_style,
+                     solution_style=solution_style)
 
 
 def write_jsonl(records: Iterable[dict], path: str | Path) -> Path:
