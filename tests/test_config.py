@@ -58,7 +58,7 @@ def test_resolved_config_round_trips(tmp_path):
 def test_help_lists_every_field_with_its_doc():
     text = help_text()
     assert "train.effective_batch" in text and "Sequences per optimizer step" in text
-    assert text.count("default") == sum(len(vars(s)) for s in vars(Config()).values())
+    assert text.count(", default ") == sum(len(vars(s)) for s in vars(Config()).values())
 
 
 def test_cli_reports_bad_key_without_traceback(capsys):

@@ -19,6 +19,11 @@ def _sequences(vocab: int) -> list[dict]:
     return out
 
 
+def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    """Largest deviation relative to the tensor's scale."""
+    return ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-12)).item()
+
+
 def _grads(model_dir, seqs, micro: int) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
@@ -39,7 +44,8 @@ def test_same_gradient_for_every_split(arch, tiny_llama_dir, tiny_qwen2_dir):
         got = _grads(model_dir, seqs, micro=micro)
         assert got.keys() == ref.keys()
         for name in ref:
-            torch.testing.assert_close(got[name], ref[name], rtol=1e-4, atol=2e-6, msg=f"{name} differs at micro={micro}")
+            # fp32 round-off only: the unpadded 8x1 split runs another attention kernel than padded batches.
+            assert _relative_error(got[name], ref[name]) < 5e-5, f"{name} differs at micro={micro}"
 
 
 def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
@@ -53,5 +59,5 @@ def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
         batch = collate(seqs[i:i + 2], pad_id=0)
         n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
         (token_loss_sum(model, batch) / n / 4).backward()
-    diff = max((p.grad - ref[n]).abs().max().item() for n, p in model.named_parameters() if p.grad is not None)
-    assert diff > 1e-4, diff  # 50x the tolerance above
+    worst = max(_relative_error(p.grad, ref[n]) for n, p in model.named_parameters() if p.grad is not None)
+    assert worst > 1e-2, worst  # 200x the tolerance above
