@@ -78,6 +78,21 @@ def cmd_render(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    cfg = _load(args)
+    import json
+
+    from .hardware_presets import targets_from_args
+    from .planner import plan_dict, plan_report
+
+    targets = targets_from_args(args.device, args.memory_gb, args.gpus)
+    if args.json:
+        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens), indent=2, default=str))
+    else:
+        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens))
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     from .quickstart import run_quickstart
 
@@ -225,6 +240,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", type=int, default=0, help="Which example (after filtering).")
     p.add_argument("--no-color", action="store_true", help="Mark trained tokens with brackets instead of colour.")
     p.set_defaults(func=cmd_render)
+
+    p = sub.add_parser("plan", help="Estimate memory and time of a config on this machine and common GPUs/Macs, "
+                                     "from the model config alone (no weights downloaded).")
+    _config_args(p)
+    p.add_argument("--device", default=None, help="A preset (t4, a100-40, a100-80, h100, 8xh100, m-16, m-36, m-128), "
+                                                  "'local', or cuda/mps/cpu with --memory-gb. Default: all of them.")
+    p.add_argument("--memory-gb", type=float, default=None, help="Memory per device in GB.")
+    p.add_argument("--gpus", type=int, default=None, help="Number of GPUs (data parallel / FSDP).")
+    p.add_argument("--mean-tokens", type=float, default=None,
+                   help="Mean tokens per sequence for the time estimate (default: data.max_length).")
+    p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("quickstart", help="Offline demo: fine-tune SmolLM2-135M on synthetic arithmetic on this machine.")
     p.add_argument("--output-dir", default="runs/quickstart", help="Where the fine-tuned model goes.")

