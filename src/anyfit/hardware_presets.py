@@ -18,9 +18,11 @@ from .runtime import Hardware
 GIB = 2**30
 
 # Utilisation of the datasheet peak that a plain PyTorch SFT step reaches. 35% is typical for CUDA bf16
-# with SDPA and no torch.compile; Apple's MPS backend lands lower; the CPU figure is relative to a
-# *measured* matmul throughput, so it only covers the non-matmul work (norms, softmax, AdamW).
-DEFAULT_MFU = {"cuda": 0.35, "mps": 0.25, "cpu": 0.6}
+# with SDPA and no torch.compile; Apple's MPS backend lands lower. The CPU figure is relative to a fp32
+# matmul throughput *measured* on the machine (or CPU_TFLOPS_PER_CORE), so it stands for the non-matmul
+# work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages): 0.31-0.44 in the
+# single-thread runs of benchmarks/PLAN_VS_MEASURED.md.
+DEFAULT_MFU = {"cuda": 0.35, "mps": 0.25, "cpu": 0.35}
 
 # Sustained fp32 GEMM per CPU core when not measured (AVX2/AVX-512 server cores, shared machines).
 # Two cores of the EPYC this was developed on measured 0.04-0.07 TFLOP/s on 1024-2048 matmuls.
@@ -160,8 +162,8 @@ def this_machine(measure_cpu: bool = False) -> Target:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     measured = {"fp32": measure_cpu_tflops()} if measure_cpu else {}
     available = psutil.virtual_memory().available / GIB
-    return Target("local", f"this CPU ({cores} cores)", "cpu", round(available, 1), {"fp32": CPU_TFLOPS_PER_CORE * cores},
-                  20.0, measured=measured,
+    return Target("local", f"this CPU ({cores} cores)", "cpu", round(available, 1),
+                  {"fp32": CPU_TFLOPS_PER_CORE * cores}, 20.0, measured=measured,
                   note="this machine: available RAM; " + ("matmul throughput measured" if measured else
                                                           f"~{CPU_TFLOPS_PER_CORE} TFLOP/s per core assumed"))
 
@@ -178,7 +180,8 @@ def custom_target(device: str, memory_gb: float, gpus: int = 1) -> Target:
         cores = os.cpu_count() or 1
         return Target("custom", f"CPU {memory_gb:g} GB", "cpu", memory_gb * 1e9 / GIB,
                       {"fp32": CPU_TFLOPS_PER_CORE * cores}, 20.0, note=f"custom size; {cores} cores assumed")
-    raise ConfigError(f"--device {device!r}: use a preset ({', '.join(PRESETS)}), 'local', or cuda/mps/cpu with --memory-gb.")
+    raise ConfigError(f"--device {device!r}: use a preset ({', '.join(PRESETS)}), 'local', "
+                      "or cuda/mps/cpu with --memory-gb.")
 
 
 def targets_from_args(device: str | None = None, memory_gb: float | None = None, gpus: int | None = None,

@@ -38,9 +38,11 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 8 / (64 * 256)
 
 # Fixed memory a process needs besides tensors: the CUDA context and library workspaces (not counted by
 # torch.cuda.max_memory_allocated, but taken from the GPU); on Apple unified memory and on the CPU the
-# Python process itself (interpreter, torch, transformers, the tokenizer, the data). The CPU figure is the
-# RSS measured just before the model is loaded in benchmarks/plan_vs_measured.py.
-RUNTIME_OVERHEAD_GIB = {"cuda": 0.5, "mps": 1.0, "cpu": 0.75}
+# Python process itself (interpreter, torch, transformers, the tokenizer, the data). The CPU figure comes
+# from benchmarks/plan_vs_measured.py: ~0.75 GiB RSS before the model is loaded, ~0.25 GiB more once a step
+# has run (library code paged in), and ~0.25 GiB of glibc heap slack (freed activations the allocator keeps:
+# 0.15 GiB measured for full fine-tuning, 0.45-0.5 GiB for LoRA, about constant in the batch size).
+RUNTIME_OVERHEAD_GIB = {"cuda": 0.5, "mps": 1.0, "cpu": 1.25}
 
 # Share of the target's memory the plan may use: the rest absorbs allocator fragmentation and estimate error.
 SAFETY = 0.9
@@ -225,7 +227,7 @@ def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except Exception as e:  # noqa: BLE001 - any failure means: no shape for this architecture
+    except Exception as e:  # any failure means: no shape for this architecture
         raise ConfigError(f"anyfit plan has no formula for model_type {model_type!r} and could not build it on the "
                           f"meta device ({type(e).__name__}: {e}).") from e
     params = sum(p.numel() for p in model.parameters())
@@ -378,15 +380,14 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     inputs = 0.0
     if full:
         for group, projs in groups.items():
-            readers = sum(p.count for p in projs) / layers
             d = projs[0].d_in
-            if group == "attn_out":
-                continue
-            if group in ("attn_in", "mlp_in") and not casts:
-                inputs += rs * d  # the norm's output, kept once for all its readers
-            else:  # a cast copy per reader; the MLP's inner activation; unknown layouts counted per module
-                inputs += sum(p.count * p.d_in for p in projs) / layers * a if group == "other" else \
-                    (readers if group != "mlp_mid" else 1) * a * d
+            if group in ("attn_in", "mlp_in"):
+                # The norm's output: kept once for all its readers, or one cast copy per reader under autocast.
+                inputs += sum(p.count for p in projs) / layers * a * d if casts else rs * d
+            elif group == "mlp_mid":
+                inputs += a * d  # the MLP's inner activation, read by the down projection
+            elif group == "other":  # a layout without a formula: every module's input counted
+                inputs += a * sum(p.count * p.d_in for p in projs) / layers
     else:
         targets = set(shape.lora_targets(setup.lora_targets))
         separate = a < 4  # PEFT casts the input to the fp32 adapter, autocast back to `a`: one copy per adapter
@@ -433,9 +434,8 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     """Peak memory per device of one training step (see the module docstring for the policy assumed).
 
     The peak is the larger of two moments:
-    - forward/backward: weights + optimizer states + activations + logits (+ gradients already
-      accumulated: all of them from the second micro-batch on; with a single micro-batch only the output
-      head's, the first produced in the backward pass) + autocast's bf16 weight copies;
+    - forward/backward: weights + optimizer states + activations + logits and loss (+ the gradients of the
+      earlier micro-batches of the step, none with a single micro-batch) + autocast's weight copies;
     - the optimizer step: weights + optimizer states + all gradients + the step's temporaries
       (foreach AdamW on the CPU allocates one fp32 copy of the trainable parameters).
     """
@@ -456,7 +456,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
         trainable = shape.lora_params(setup.lora_r, setup.lora_targets)
         weights += trainable * 4  # PEFT keeps adapters in fp32
         grad_bytes = 4
-        head_grads = 0  # the head is frozen
+        head_grads = 0  # the head is frozen: no weight gradient
     else:
         trainable = shape.params
         grad_bytes = setup.weight_bytes  # gradients and AdamW states take the parameter dtype
@@ -468,7 +468,9 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     # --- activations and logits of one micro-batch ---
     tokens = setup.micro_batch * setup.seq_len
     act = activation_bytes(shape, setup)
-    logits = logits_bytes(shape, tokens)
+    # The loss and the output head: 12 bytes per logit while the loss's backward runs; right after, the
+    # head's weight gradient (a new V x h tensor, accumulated into .grad) next to the logits' gradient.
+    logits = max(logits_bytes(shape, tokens), tokens * shape.vocab_size * 4 + head_grads // shard)
     if setup.gradient_checkpointing:
         # Layer inputs and the head's tensors stay; the backward pass recomputes one layer at a time, whose
         # saved tensors plus their gradients (~ the same again) come on top once the logits are gone.
@@ -489,15 +491,19 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
         transient += trainable * grad_bytes  # DDP gradient buckets (gradient_as_bucket_view off)
         notes.append("DDP: gradient buckets hold a second copy of the gradients")
     if setup.fsdp:
-        gathered = 2 * shape.layer_params + shape.embedding_params + shape.head_params  # current + prefetched unit, root
+        # The unit being computed and the prefetched next one, plus the root unit (embeddings and head).
+        gathered = 2 * shape.layer_params + shape.embedding_params + shape.head_params
         transient += gathered * min(a, setup.weight_bytes) + shape.layer_params * grad_bytes
         notes.append("FSDP full shard: weights, gradients and AdamW states divided by the GPU count; one layer "
                      "(plus the prefetched next and the embedding/head unit) gathered at a time")
     if setup.method == "qlora":
         largest = max(p.d_in * p.d_out for p in shape.projections)
         transient += 2 * largest * a  # a dequantized weight (and its transposed use in backward)
+    if setup.device == "cpu":
+        notes.append("CPU: the runtime overhead includes ~0.25 GiB of glibc heap slack; on Linux, "
+                     "MALLOC_MMAP_THRESHOLD_=131072 makes freed activations go back to the OS")
 
-    accumulated = gradients if setup.accumulation > 1 else head_grads // shard
+    accumulated = gradients if setup.accumulation > 1 else 0  # grads of earlier micro-batches of the step
     fwd_bwd = accumulated + activations + logits + transient
     step_temp = 0 if (setup.fused_optimizer and setup.device in ("cuda", "mps")) else trainable * grad_bytes // shard
     step = gradients + step_temp
@@ -577,7 +583,8 @@ class TargetPlan:
                 "micro_batch": s.micro_batch, "accumulation": s.accumulation, "processes": s.processes,
                 "seq_len": s.seq_len, "gradient_checkpointing": s.gradient_checkpointing, "fsdp": s.fsdp},
             "memory": None if self.memory is None else self.memory.as_dict(),
-            "seconds_per_100_steps": None if self.seconds_per_100_steps is None else round(self.seconds_per_100_steps, 1),
+            "seconds_per_100_steps": (None if self.seconds_per_100_steps is None
+                                      else round(self.seconds_per_100_steps, 1)),
             "notes": list(self.notes), "alternatives": list(self.alternatives),
         }
 
@@ -606,7 +613,8 @@ def _weight_bytes(cfg: Config, method: str, device: str, precision: str) -> int:
 
 def _micro_batches(per_process: int) -> list[int]:
     """Powers of two that divide the per-process share of the effective batch, largest first."""
-    return [m for m in (2**k for k in range(per_process.bit_length(), -1, -1)) if m <= per_process and per_process % m == 0]
+    powers = (2**k for k in range(per_process.bit_length(), -1, -1))
+    return [m for m in powers if m <= per_process and per_process % m == 0]
 
 
 def _processes(effective: int, devices: int) -> int:
@@ -686,8 +694,10 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                 break
     if chosen is None:
         verdict = "needs a bigger GPU" if target.device != "cpu" else "needs more memory"
-        smallest = estimate_memory(shape, Setup(method="qlora" if cuda else "lora", device=target.device,
-                                                precision=_precision(cfg, target, cuda)[0], weight_bytes=4 if not cuda else 2,
+        method = "qlora" if cuda else "lora"
+        precision = _precision(cfg, target, cuda)[0]
+        smallest = estimate_memory(shape, Setup(method=method, device=target.device, precision=precision,
+                                                weight_bytes=_weight_bytes(cfg, method, target.device, precision),
                                                 micro_batch=1, seq_len=seq, gradient_checkpointing=True,
                                                 lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules),
                                    overhead_gib=overhead_gib)

