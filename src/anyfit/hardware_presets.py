@@ -20,7 +20,7 @@ GIB = 2**30
 # Utilisation of the datasheet peak that a plain PyTorch SFT step reaches. 35% is typical for CUDA bf16
 # with SDPA and no torch.compile; Apple's MPS backend lands lower. The CPU figure is relative to a fp32
 # matmul throughput *measured* on the machine (or CPU_TFLOPS_PER_CORE), so it stands for the non-matmul
-# work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages): 0.31-0.44 in the
+# work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages): 0.26-0.50 in the
 # single-thread runs of benchmarks/PLAN_VS_MEASURED.md.
 DEFAULT_MFU = {"cuda": 0.35, "mps": 0.25, "cpu": 0.35}
 
