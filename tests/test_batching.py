@@ -41,8 +41,22 @@ def test_windows_are_the_same_examples_for_any_split():
     assert len(set(e0)) == 40 and e0 != e1
 
 
-def test_collate_pads_right_and_masks():
-    b = collate([{"input_ids": [1, 2, 3], "labels": [IGNORE_INDEX, 2, 3]}, {"input_ids": [4], "labels": [4]}], pad_id=0)
-    assert b["input_ids"].tolist() == [[1, 2, 3], [4, 0, 0]]
-    assert b["labels"].tolist() == [[IGNORE_INDEX, 2, 3], [4, IGNORE_INDEX, IGNORE_INDEX]]
-    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+def test_collate_pads_right_and_shifts_targets():
+    b = collate([{"input_ids": [1, 2, 3], "labels": [IGNORE_INDEX, 2, 3]}, {"input_ids": [4, 5], "labels": [IGNORE_INDEX, 5]}],
+                pad_id=0)
+    assert b["input_ids"].tolist() == [[1, 2, 3], [4, 5, 0]]
+    assert b["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    # position t is trained on the label of t + 1; the last real token and padding predict nothing
+    assert b["keep"].tolist() == [[True, True, False], [True, False, False]]
+    assert b["keep_targets"].tolist() == [2, 3, 5]
+
+
+def test_collate_packed_has_no_padding_and_restarts_positions():
+    b = collate([{"input_ids": [1, 2, 3], "labels": [IGNORE_INDEX, 2, 3]}, {"input_ids": [4, 5], "labels": [IGNORE_INDEX, 5]}],
+                pad_id=0, packed=True)
+    assert b["input_ids"].tolist() == [[1, 2, 3, 4, 5]]
+    assert b["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    assert "attention_mask" not in b  # transformers derives the block-causal mask from position_ids
+    # token 3 (last of example 1) must not be trained to predict token 4 (first of example 2)
+    assert b["keep"].tolist() == [0, 1, 3]
+    assert b["keep_targets"].tolist() == [2, 3, 5]

@@ -15,6 +15,7 @@ CHAT = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hel
     ({"messages": CHAT, "id": 1}, "messages"),
     ({"prompt": "q", "completion": "a"}, "prompt_completion"),
     ({"text": "some text"}, "text"),
+    ({"input_ids": [5, 6, 7], "completion_mask": [0, 1, 1]}, "tokens"),
 ])
 def test_autodetect(record, fmt):
     assert detect_format(record, DataConfig()) == fmt
@@ -92,3 +93,25 @@ def test_sharegpt_conversations():
 def test_numbers_become_text():
     (ex,) = to_examples([{"prompt": "2+2", "completion": 4}], DataConfig())
     assert ex.completion == "4"
+
+
+def test_pretokenized_records_keep_their_ids_and_mask(qwen_tokenizer):
+    from anyfit.tokenization import IGNORE_INDEX, tokenize_dataset
+
+    records = [{"input_ids": [5, 6, 7, 8], "completion_mask": [0, 0, 1, 1]}, {"input_ids": [9, 10]}]
+    examples, report = tokenize_dataset(records, qwen_tokenizer, DataConfig(max_length=16))
+    assert examples[0] == {"input_ids": [5, 6, 7, 8], "labels": [IGNORE_INDEX, IGNORE_INDEX, 7, 8]}
+    assert examples[1] == {"input_ids": [9, 10], "labels": [IGNORE_INDEX, 10]}  # no mask: every token trained
+    assert report.trainable_tokens == 3
+
+
+@pytest.mark.parametrize("record, message", [
+    ({"input_ids": [5, 6], "completion_mask": [1]}, "Record 0: 'completion_mask' must be a list of 0/1, one per token"),
+    ({"input_ids": ["a", "b"]}, "Record 0: 'input_ids' must be a non-empty list of integer token ids"),
+    ({"input_ids": [5, 10**9]}, "Record 0: token id 1000000000 is outside the tokenizer's vocabulary"),
+])
+def test_bad_pretokenized_records_name_the_record(qwen_tokenizer, record, message):
+    from anyfit.tokenization import tokenize_dataset
+
+    with pytest.raises(DataError, match=message.replace("(", r"\(")):
+        tokenize_dataset([record], qwen_tokenizer, DataConfig())

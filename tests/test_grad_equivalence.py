@@ -1,4 +1,4 @@
-"""The same 8 variable-length sequences split as 1x8, 8x1 and 2x4 must give the same gradient."""
+"""The same 8 variable-length sequences split as 1x8, 8x1 and 2x4, padded or packed, give the same gradient."""
 
 import pytest
 import torch
@@ -24,13 +24,13 @@ def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-12)).item()
 
 
-def _grads(model_dir, seqs, micro: int) -> dict[str, torch.Tensor]:
+def _grads(model_dir, seqs, micro: int, packed: bool = False) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     acc = Accelerator(cpu=True)
     model = acc.prepare(model)
     window_tokens = sum(sum(1 for t in s["labels"][1:] if t != IGNORE_INDEX) for s in seqs)
-    batches = [collate(seqs[i:i + micro], pad_id=0) for i in range(0, len(seqs), micro)]
+    batches = [collate(seqs[i:i + micro], pad_id=0, packed=packed) for i in range(0, len(seqs), micro)]
     backward_window(acc, model, batches, window_tokens)
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
@@ -39,13 +39,14 @@ def _grads(model_dir, seqs, micro: int) -> dict[str, torch.Tensor]:
 def test_same_gradient_for_every_split(arch, tiny_llama_dir, tiny_qwen2_dir):
     model_dir = tiny_llama_dir if arch == "llama" else tiny_qwen2_dir
     seqs = _sequences(vocab=1000)
-    ref = _grads(model_dir, seqs, micro=8)  # 1 micro-batch of 8
-    for micro in (1, 2, 4):  # 8 x 1, 4 x 2, 2 x 4
-        got = _grads(model_dir, seqs, micro=micro)
+    ref = _grads(model_dir, seqs, micro=8)  # 1 padded micro-batch of 8
+    # 8 x 1, 4 x 2, 2 x 4 padded; then packed (one row per micro-batch, no padding) at every split
+    for micro, packed in [(1, False), (2, False), (4, False), (1, True), (2, True), (4, True), (8, True)]:
+        got = _grads(model_dir, seqs, micro=micro, packed=packed)
         assert got.keys() == ref.keys()
         for name in ref:
             # fp32 round-off only: the unpadded 8x1 split runs another attention kernel than padded batches.
-            assert _relative_error(got[name], ref[name]) < 5e-5, f"{name} differs at micro={micro}"
+            assert _relative_error(got[name], ref[name]) < 5e-5, f"{name} differs at micro={micro}, packed={packed}"
 
 
 def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
@@ -57,7 +58,7 @@ def test_mean_per_micro_batch_would_differ(tiny_llama_dir):
     from anyfit.loss import token_loss_sum
     for i in range(0, 8, 2):
         batch = collate(seqs[i:i + 2], pad_id=0)
-        n = int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+        n = batch["keep_targets"].numel()
         (token_loss_sum(model, batch) / n / 4).backward()
     worst = max(_relative_error(p.grad, ref[n]) for n, p in model.named_parameters() if p.grad is not None)
     assert worst > 1e-2, worst  # 200x the tolerance above

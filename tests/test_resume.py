@@ -32,7 +32,7 @@ def _config(tmp_path: Path, model_dir: Path, lora: bool) -> Path:
     p = tmp_path / "c.yaml"
     p.write_text(f"model: {{name_or_path: {model_dir}}}\ndata: {{path: {data}, template: plain}}\n{lora_yaml}"
                  f"train: {{effective_batch: 4, micro_batch: 2, max_steps: {STEPS}, learning_rate: 1.0e-3, "
-                 "save_every: 2, keep_last: 2, seed: 0}\n")
+                 "save_every: 2, keep_last: 2, seed: 0, log_every: 1}\n")
     return p
 
 
@@ -128,7 +128,7 @@ def test_nonfinite_steps_are_skipped(tiny_qwen2_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl")
     cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"data.path={data}", "data.template=plain",
                              f"train.output_dir={tmp_path / 'o'}", "train.effective_batch=4", "train.micro_batch=4",
-                             "train.max_steps=6"])
+                             "train.max_steps=6", "train.log_every=1"])
     result = train(cfg, loss_fn=_nan_at({3, 4}))
     assert result.skipped_steps == 2
     assert all(torch.isfinite(p).all() for p in result.model.parameters())
@@ -140,10 +140,33 @@ def test_persistent_nonfinite_stops_with_a_diagnosis(tiny_qwen2_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl")
     cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"data.path={data}", "data.template=plain",
                              f"train.output_dir={tmp_path / 'o'}", "train.effective_batch=4", "train.micro_batch=4",
-                             "train.max_steps=10", "train.save_every=2", "train.learning_rate=0.5"])
+                             "train.max_steps=10", "train.save_every=2", "train.learning_rate=0.5",
+                             "train.log_every=1"])
     with pytest.raises(TrainingDiverged) as e:
         train(cfg, loss_fn=_nan_at(set(range(5, 100))))
     msg = str(e.value)
     assert "3 optimizer steps in a row" in msg and "Device cpu" in msg and "learning rate 0.5" in msg
     # the newest checkpoint (written during the streak, whose updates were all skipped) is named and kept
     assert "checkpoint-6" in msg and (tmp_path / "o" / "checkpoint-6" / "trainer_state.json").exists()
+
+
+def test_fused_adamw_skips_a_flagged_step_on_the_device():
+    """The protocol the loop relies on to skip non-finite updates without a host sync (fused AdamW)."""
+    from anyfit.divergence import NonFiniteGuard
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([w], lr=0.1, fused=True)
+    guard = NonFiniteGuard(limit=2)
+    for grad in (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([float("nan"), 0.0, 0.0])):
+        w.grad = grad
+        finite = torch.isfinite(grad).all()
+        opt.found_inf = (~finite).float()
+        before = w.detach().clone()
+        opt.step()
+        del opt.found_inf
+        guard.defer(finite)
+    assert torch.equal(w.detach(), before)  # the flagged update left the weights alone
+    assert opt.state[w]["step"].item() == 1  # and did not count as a step
+    assert guard.skipped == 0
+    guard.flush()
+    assert (guard.skipped, guard.in_a_row, guard.exhausted) == (1, 1, False)

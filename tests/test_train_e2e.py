@@ -32,7 +32,7 @@ def write_dataset(path: Path, n: int = 16) -> Path:
 
 def config_for(model_dir, data, out, *extra):
     return load_config(None, [f"model.name_or_path={model_dir}", f"data.path={data}", "data.template=plain",
-                              f"train.output_dir={out}", "train.seed=0", *extra])
+                              f"train.output_dir={out}", "train.seed=0", "train.log_every=1", *extra])
 
 
 def read_metrics(out: Path) -> list[dict]:
@@ -99,7 +99,7 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\n"
                         f"data: {{path: {data}, template: plain}}\n"
-                        "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0}\n")
+                        "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, log_every: 1}\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run([sys.executable, "-m", "anyfit", "train", str(cfg_path), f"train.output_dir={one}"],
@@ -133,3 +133,18 @@ def test_evaluation_during_training(tiny_qwen2_dir, tmp_path):
     assert result.evals == evals
     info = json.loads((tmp_path / "out" / "run_info.json").read_text())
     assert info["data"]["loaded"] == 16  # the 4 held-out records are not trained on
+
+
+def test_packing_on_and_off_train_the_same(tiny_qwen2_dir, tmp_path):
+    """Packed rows (no padding, position_ids) and padded rows give the same per-step losses and weights."""
+    data = write_dataset(tmp_path / "d.jsonl", n=16)
+    runs = {}
+    for packing in ("true", "false"):
+        cfg = config_for(tiny_qwen2_dir, data, tmp_path / packing, "train.effective_batch=8", "train.micro_batch=4",
+                         "train.max_steps=3", "train.learning_rate=1e-2", f"train.packing={packing}")
+        runs[packing] = train(cfg, echo=lambda *a: None)
+    on, off = runs["true"], runs["false"]
+    assert len(on.losses) == 3
+    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(on.losses, off.losses)), (on.losses, off.losses)
+    for (name, p), q in zip(on.model.named_parameters(), off.model.parameters()):
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name

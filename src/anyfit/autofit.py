@@ -12,8 +12,7 @@ import sys
 
 import torch
 
-from .batching import BatchPlan, collate
-from .loss import token_loss_sum
+from .batching import BatchPlan
 
 
 def is_oom(error: BaseException) -> bool:
@@ -59,8 +58,8 @@ def _peak_bytes(device: str) -> int:
     return rss if sys.platform == "darwin" else rss * 1024
 
 
-def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, pad_id: int, device: str, fraction: float,
-                      optimizer_bytes: int, echo=print) -> int:
+def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, loss_fn, device: str,
+                      fraction: float, optimizer_bytes: int, echo=print) -> int:
     """The largest micro-batch (a divisor of the per-process share) whose forward+backward on the longest
     sequences stays under the budget, counting the optimizer state that the first step will allocate."""
     budget = memory_budget_bytes(device, fraction)
@@ -69,11 +68,11 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, pad_id: int,
     for micro in plan.candidates():
         if micro > len(examples):
             break
-        batch = {k: v.to(device) for k, v in collate([examples[i] for i in longest[:micro]], pad_id).items()}
+        batch = {k: v.to(device) for k, v in collate_fn([examples[i] for i in longest[:micro]]).items()}
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         try:
-            token_loss_sum(model, batch).backward()
+            loss_fn(model, batch).backward()
             peak = _peak_bytes(device) + optimizer_bytes
         except Exception as e:  # noqa: BLE001 - only out-of-memory is expected here
             if not is_oom(e):

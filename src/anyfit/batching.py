@@ -103,17 +103,59 @@ class WindowSampler:
         return micro_batches, sum(self.trainable[i] for i in window)
 
 
-def collate(examples: list[dict], pad_id: int, pad_to_multiple_of: int = 1) -> dict[str, torch.Tensor]:
-    """Right-pad to the longest sequence; padded positions get attention 0 and label IGNORE_INDEX."""
+def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors for one micro-batch; every example's labels are shifted here to next-token targets.
+
+    - padded (``packed=False``): rows right-padded to the longest example, with an ``attention_mask``;
+    - packed: all examples concatenated into one row without padding; ``position_ids`` restart at 0 for
+      each example, which is how transformers' attention (SDPA/eager block mask, FlashAttention varlen,
+      FlexAttention) keeps every token from attending across an example boundary.
+
+    Shifting per example (the last token of each example predicts nothing) means no position learns to
+    predict the first token of the next packed example. ``keep`` selects the positions whose next token is
+    trained (a boolean mask for padded rows, positions for a packed row: transformers' ``logits_to_keep``)
+    and ``keep_targets`` holds those tokens, so the output layer runs only where there is a loss.
+    """
+    targets = [ex["labels"][1:] + [IGNORE_INDEX] for ex in examples]
+    if packed:
+        ids = [t for ex in examples for t in ex["input_ids"]]
+        flat = [t for row in targets for t in row]
+        keep = [i for i, t in enumerate(flat) if t != IGNORE_INDEX]
+        return {"input_ids": torch.tensor([ids]),
+                "position_ids": torch.tensor([[p for ex in examples for p in range(len(ex["input_ids"]))]]),
+                "keep": torch.tensor(keep, dtype=torch.long),
+                "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
     longest = max(len(ex["input_ids"]) for ex in examples)
-    longest = -(-longest // pad_to_multiple_of) * pad_to_multiple_of
     n = len(examples)
     input_ids = torch.full((n, longest), pad_id, dtype=torch.long)
-    labels = torch.full((n, longest), IGNORE_INDEX, dtype=torch.long)
+    shifted = torch.full((n, longest), IGNORE_INDEX, dtype=torch.long)
     attention = torch.zeros((n, longest), dtype=torch.long)
-    for row, ex in enumerate(examples):
+    for row, (ex, tg) in enumerate(zip(examples, targets)):
         ids = ex["input_ids"]
         input_ids[row, :len(ids)] = torch.tensor(ids)
-        labels[row, :len(ids)] = torch.tensor(ex["labels"])
+        shifted[row, :len(ids)] = torch.tensor(tg)
         attention[row, :len(ids)] = 1
-    return {"input_ids": input_ids, "labels": labels, "attention_mask": attention}
+    keep = shifted != IGNORE_INDEX
+    return {"input_ids": input_ids, "attention_mask": attention, "keep": keep, "keep_targets": shifted[keep]}
+
+
+class WindowBatches(torch.utils.data.Dataset):
+    """Step number -> (example indices per micro-batch, window trainable tokens, collated micro-batches).
+
+    Served by a ``DataLoader`` so that collating (and pinning, on CUDA) the next steps overlaps with
+    the current one when ``runtime.num_workers`` > 0; the windows themselves still come from the
+    deterministic ``WindowSampler``, so the order does not depend on the number of workers.
+    """
+
+    def __init__(self, sampler: WindowSampler, examples: list[dict], collate_fn):
+        self.sampler, self.examples, self.collate_fn = sampler, examples, collate_fn
+
+    def __getitem__(self, step: int):
+        indices, window_tokens = self.sampler.window(step)
+        return indices, window_tokens, [self.collate_fn([self.examples[i] for i in idx]) for idx in indices]
+
+
+def window_loader(batches: WindowBatches, start: int, stop: int, workers: int, pin_memory: bool):
+    """Windows ``start``..``stop - 1`` in order, prepared ``workers`` processes ahead (0: in this process)."""
+    return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start, stop), num_workers=workers,
+                                       pin_memory=pin_memory, prefetch_factor=2 if workers else None)

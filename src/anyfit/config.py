@@ -68,8 +68,9 @@ class DataConfig:
     subset: str | None = _f(None, "Hub dataset configuration name (e.g. 'main' for gsm8k).")
     split: str = _f("train", "Split, with optional slicing: 'train', 'train[:500]', 'train[10%:]'.")
     num_samples: int | None = _f(None, "Use at most this many examples (after loading, before shuffling).")
-    format: Literal["auto", "messages", "prompt_completion", "text"] = _f(
-        "auto", "Example format. auto: detect from the fields (messages, prompt/completion, text).")
+    format: Literal["auto", "messages", "prompt_completion", "text", "tokens"] = _f(
+        "auto", "Example format. auto: detect from the fields (messages, prompt/completion, text, or "
+        "input_ids + optional completion_mask for pre-tokenized data).")
     fields: dict[str, str] = _f(
         {}, "Map anyfit's fields to yours, e.g. {prompt: problem, completion: solution} for MATH.")
     template: str = _f(
@@ -110,12 +111,18 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0: no clipping).")
     save_every: int = _f(0, "Write a checkpoint every N steps (0: only the final model).")
     keep_last: int = _f(2, "Keep this many most recent checkpoints.")
-    log_every: int = _f(1, "Write a metrics line every N steps.")
+    log_every: int = _f(10, "Write a metrics line every N steps (each costs one device-to-host sync).")
     seed: int = _f(42, "Seed for initialisation of adapters, data order and dropout.")
     resume: str | None = _f(
         None, "Continue a run: 'auto' (the newest complete checkpoint in output_dir; a fresh start if there is "
         "none) or the path of a checkpoint-N folder. Restores weights, optimizer, scheduler, loss scaler, RNG "
         "states and the position in the data.")
+    packing: bool = _f(
+        True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
+        "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example.")
+    loss_chunk_tokens: int = _f(
+        4096, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
+        "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")
     max_nonfinite_steps: int = _f(
         3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "
         "(each one is skipped: no update).")
@@ -149,7 +156,11 @@ class RuntimeConfig:
     fused_optimizer: bool = _f(True, "Use fused AdamW where the device supports it.")
     memory_fraction: float = _f(
         0.85, "Share of the device's memory (host RAM on CPU) that micro_batch=auto may plan to use.")
-    num_workers: int = _f(0, "Data loader worker processes.")
+    num_workers: int | Literal["auto"] = _f(
+        "auto", "Processes that prepare the next steps' batches while the current one trains (auto: 2 on CUDA, "
+        "0 elsewhere: on a CPU they would compete with training for the cores).")
+    compile: bool = _f(False, "torch.compile the model (inductor, dynamic shapes). Not on by default: see the "
+                       "README's speed notes for where it was measured.")
 
 
 @dataclass
@@ -390,7 +401,8 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
     for key, value in [("eval.holdout", cfg.eval.holdout), ("eval.every", cfg.eval.every),
                        ("eval.generate_every", cfg.eval.generate_every), ("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
-                       ("train.warmup_steps", t.warmup_steps), ("runtime.num_workers", cfg.runtime.num_workers)]:
+                       ("train.warmup_steps", t.warmup_steps), ("train.loss_chunk_tokens", t.loss_chunk_tokens),
+                       ("runtime.num_workers", 0 if cfg.runtime.num_workers == "auto" else cfg.runtime.num_workers)]:
         if value < 0:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
     if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):

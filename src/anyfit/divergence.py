@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from .config import Config
 from .runtime import RuntimePolicy
 
@@ -11,10 +13,25 @@ class TrainingDiverged(RuntimeError):
 
 
 class NonFiniteGuard:
+    """Counts skipped updates. ``record`` takes a host bool (the loop synced to learn it); ``defer`` takes
+    the device flag of a step the optimizer already skipped on the device, read later by ``flush``."""
+
     def __init__(self, limit: int):
         self.limit = limit
         self.in_a_row = 0
         self.skipped = 0
+        self._pending: list[torch.Tensor] = []
+
+    def defer(self, finite: torch.Tensor) -> None:
+        self._pending.append(finite)
+
+    def flush(self) -> None:
+        """Read the deferred flags (one device-to-host copy for all of them) in step order."""
+        if self._pending:
+            flags = torch.stack(self._pending).tolist()
+            self._pending.clear()
+            for finite in flags:
+                self.record(finite)
 
     def record(self, finite: bool) -> None:
         if finite:

@@ -4,7 +4,9 @@ Three formats are understood (the taxonomy TRL uses too):
 
 - ``messages``: a conversation, a list of ``{role, content}`` (ShareGPT's ``{from, value}`` is accepted);
 - ``prompt_completion``: ``prompt`` (a string, or a list of messages) and ``completion`` (a string);
-- ``text``: plain text, trained on as a whole.
+- ``text``: plain text, trained on as a whole;
+- ``tokens``: already tokenized, ``input_ids`` (a list of token ids) and optionally ``completion_mask``
+  (1 where the loss is taken, TRL's name and meaning); without a mask every token is trained on.
 
 ``data.fields`` maps anyfit's field names to the dataset's column names, e.g.
 ``{prompt: problem, completion: solution}`` for MATH. How an Example becomes tokens is decided later,
@@ -20,7 +22,7 @@ from typing import Any, Literal
 from anyfit.config import DataConfig
 from anyfit.data_sources import DataError
 
-Format = Literal["messages", "prompt_completion", "text"]
+Format = Literal["messages", "prompt_completion", "text", "tokens"]
 Message = dict[str, str]
 
 # The fields each format needs, in anyfit's names.
@@ -28,6 +30,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "messages": ("messages",),
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
+    "tokens": ("input_ids",),
 }
 OPTIONAL = ("system", "answer")
 
@@ -53,6 +56,8 @@ class Example:
     text: str | None = None
     system: str | None = None
     answer: str | None = None
+    input_ids: list[int] | None = None
+    completion_mask: list[int] | None = None
 
 
 def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig) -> list[Example]:
@@ -73,7 +78,7 @@ def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig) -> list[E
 
 def detect_format(record: Mapping[str, Any], cfg: DataConfig) -> Format:
     """The format whose fields (after the ``data.fields`` mapping) the record has: messages > prompt_completion > text."""
-    for fmt in ("messages", "prompt_completion", "text"):
+    for fmt in ("messages", "prompt_completion", "text", "tokens"):
         columns = _columns(fmt, cfg.fields)
         if all(columns[name] in record for name in REQUIRED[fmt]):
             return fmt
@@ -81,7 +86,7 @@ def detect_format(record: Mapping[str, Any], cfg: DataConfig) -> Format:
     hint = f" (data.fields maps {', '.join(unmatched)}, but there is no such field)" if unmatched else ""
     raise DataError(
         f"Could not tell the data format from the fields of record 0: found {_field_list(record)}{hint}. anyfit "
-        "reads 'messages' (a conversation), 'prompt' + 'completion', or 'text'. "
+        "reads 'messages' (a conversation), 'prompt' + 'completion', 'text', or 'input_ids' (pre-tokenized). "
         f"Map your columns to these names in the config, e.g. data.fields: {_suggest_mapping(record)}.")
 
 
@@ -123,8 +128,22 @@ def _to_example(record: Mapping[str, Any], index: int, fmt: Format, columns: Map
             prompt, index, columns["prompt"], "a string or a list of messages")
         completion = _completion(record[columns["completion"]], index, columns["completion"])
         return Example("prompt_completion", index, prompt=prompt, completion=completion, system=system, answer=answer)
+    if fmt == "tokens":
+        input_ids = _ids(record[columns["input_ids"]], index, columns["input_ids"])
+        mask = record.get("completion_mask")
+        mask = None if mask is None else _ids(mask, index, "completion_mask")
+        if mask is not None and (len(mask) != len(input_ids) or any(m not in (0, 1) for m in mask)):
+            raise DataError(f"Record {index}: 'completion_mask' must be a list of 0/1, one per token of "
+                            f"'{columns['input_ids']}' ({len(input_ids)} tokens), got {_short(mask)}.")
+        return Example("tokens", index, input_ids=input_ids, completion_mask=mask)
     text = _string(record[columns["text"]], index, columns["text"], "a string")
     return Example("text", index, text=text)
+
+
+def _ids(value: Any, index: int, column: str) -> list[int]:
+    if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        return value
+    raise DataError(f"Record {index}: '{column}' must be a non-empty list of integer token ids, got {_short(value)}.")
 
 
 def _messages(value: Any, index: int, column: str) -> list[Message]:

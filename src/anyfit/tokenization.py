@@ -89,15 +89,19 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
         examples = to_examples(records_or_examples, cfg)
     report = DataReport(loaded=len(examples), length_limit=cfg.max_length, overlong=cfg.overlong)
 
-    renderings: list[Rendering] = []
-    for example in examples:
-        try:
-            renderings.append(render(example, tokenizer, cfg))
-        except MissingAnswer:
-            report.dropped_no_answer += 1
+    if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
+        pairs = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
+    else:
+        renderings: list[Rendering] = []
+        for example in examples:
+            try:
+                renderings.append(render(example, tokenizer, cfg))
+            except MissingAnswer:
+                report.dropped_no_answer += 1
+        pairs = _tokenize_renderings(renderings, tokenizer, cfg)
 
     out: list[TokenizedExample] = []
-    for input_ids, labels in _tokenize_renderings(renderings, tokenizer, cfg):
+    for input_ids, labels in pairs:
         if len(input_ids) > cfg.max_length:
             if cfg.overlong == "drop":
                 report.dropped_overlong += 1
@@ -181,6 +185,19 @@ def _tokenize_renderings(renderings: Sequence[Rendering], tokenizer: PreTrainedT
             labels[0] = IGNORE_INDEX  # nothing predicts the first token
         results.append((input_ids, labels))
     return results
+
+
+def _pretokenized(example: Example, cfg: DataConfig, vocab_size: int) -> tuple[list[int], list[int]]:
+    ids = example.input_ids
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise DataError(f"Record {example.index}: token id {bad} is outside the tokenizer's vocabulary "
+                        f"(0..{vocab_size - 1}); the data was tokenized with another tokenizer.")
+    mask = example.completion_mask if example.completion_mask is not None and cfg.train_on == "completion" \
+        else [1] * len(ids)
+    labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+    labels[0] = IGNORE_INDEX  # nothing predicts the first token
+    return list(ids), labels
 
 
 def _encode(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:

@@ -8,6 +8,7 @@ over every trainable token of the whole window on all processes, clip, step, log
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import shutil
@@ -19,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .autofit import free_memory, halve_micro_batch, is_oom, probe_micro_batch
-from .batching import BatchPlan, WindowSampler, collate
+from .batching import BatchPlan, WindowBatches, WindowSampler, collate, window_loader
 from .checkpoint import PREFIX, TMP_PREFIX, load_checkpoint, resolve_resume, save_checkpoint, save_model
 from .config import Config, ConfigError
 from .data_sources import load_records
@@ -67,6 +68,13 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
     return total
 
 
+def compile_plugin(enabled: bool):
+    """Accelerate's torch.compile settings: inductor with dynamic shapes (packed rows change length every step)."""
+    from accelerate.utils import TorchDynamoPlugin
+
+    return TorchDynamoPlugin(backend="inductor", dynamic=True) if enabled else None
+
+
 def check_output_dir(cfg: Config, resuming: bool) -> Path:
     """Refuse to mix two runs in one folder unless asked to overwrite or resume (checked before heavy work)."""
     out = Path(cfg.train.output_dir)
@@ -100,14 +108,16 @@ def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     return max(1, math.ceil(cfg.train.epochs * steps_per_epoch))
 
 
-def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=token_loss_sum) -> TrainResult:
+def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None) -> TrainResult:
+    """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests."""
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     # --- runtime: device, precision and processes, decided once -----------------------------------
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
     apply_policy(policy)
-    accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision)
+    accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision,
+                              dynamo_plugin=compile_plugin(cfg.runtime.compile))
     main = accelerator.is_main_process
     say = echo if main else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
@@ -118,8 +128,11 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
         if cfg.train.micro_batch == "auto" else f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
 
+    loss_fn = loss_fn or functools.partial(token_loss_sum, chunk_tokens=cfg.train.loss_chunk_tokens)
+
     # --- data: every process tokenizes the same examples and draws the same windows ---------------
     tokenizer = load_tokenizer(cfg.model)
+    collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing)
     train_records, eval_records = split_eval_records(cfg, load_records(cfg.data))
     examples, report = tokenize_dataset(train_records, tokenizer, cfg.data)
     say(f"[anyfit] data: {report.summary()}")
@@ -165,7 +178,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
         # No gradient all-reduce during the probe, and the RNG is left as it was (resume stays exact).
         rng_devices = [torch.cuda.current_device()] if policy.device == "cuda" else []
         with accelerator.no_sync(model), torch.random.fork_rng(devices=rng_devices):
-            micro = probe_micro_batch(model, examples, plan, tokenizer.pad_token_id, policy.device,
+            micro = probe_micro_batch(model, examples, plan, collate_fn, loss_fn, policy.device,
                                       cfg.runtime.memory_fraction, optimizer_bytes=8 * trainable, echo=say)
         micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())  # all agree
         plan = sampler.plan = plan.with_micro_batch(micro)
@@ -196,13 +209,19 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     result = TrainResult(out, steps)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps)
     guard.skipped = skipped_before
+    # Fused AdamW can skip a non-finite update on the device (its found_inf input, the GradScaler protocol),
+    # so the loop never waits for the GPU to learn whether a step was finite; other optimizers need a sync.
+    skip_on_device = policy.precision != "fp16" and bool(optimizer.optimizer.defaults.get("fused"))
     bar = tqdm(total=steps, initial=start, disable=not main, desc="train", dynamic_ncols=True)
-    real_tokens = torch.zeros((), device=accelerator.device)
-    loss_since_log = torch.zeros((), device=accelerator.device)
-    tokens_since_log = 0
+    zero = functools.partial(torch.zeros, (), device=accelerator.device)
+    real_tokens, loss_since_log, tokens_since_log = zero(), zero(), zero(dtype=torch.long)
     t_log = time.perf_counter()
+    workers = cfg.runtime.num_workers if cfg.runtime.num_workers != "auto" else (2 if policy.device == "cuda" else 0)
+    windows = WindowBatches(sampler, examples, collate_fn)
+    loader = iter(window_loader(windows, start, steps, workers, pin_memory=policy.device == "cuda"))
 
     def checkpoint(done: int) -> Path:
+        guard.flush()
         return save_checkpoint(accelerator, out, done, model, optimizer, scheduler, tokenizer, config_yaml,
                                {"epoch": (done - 1) // sampler.steps_per_epoch, "total_steps": steps,
                                 "skipped_steps": guard.skipped}, cfg.train.keep_last)
@@ -212,7 +231,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
         record: dict = {"step": done}
         if loss and eval_examples:
             record["val_loss"] = round(validation_loss(accelerator, model, eval_examples, plan.micro_batch,
-                                                       tokenizer.pad_token_id, loss_fn), 6)
+                                                       collate_fn, loss_fn), 6)
         if generate and gen_examples:
             if main:
                 from .evaluate import generation_eval
@@ -232,11 +251,10 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
 
     with StopOnSignal() as stop:
         for step in range(start, steps):
+            indices, window_tokens, cpu_batches = next(loader)  # the position in the data is the step number
             loss_sum = None
             while loss_sum is None:  # repeated only after an out-of-memory error, with smaller micro-batches
-                indices, window_tokens = sampler.window(step)  # the position in the data is the step number
-                batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in
-                            collate([examples[i] for i in idx], tokenizer.pad_token_id).items()} for idx in indices]
+                batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in b.items()} for b in cpu_batches]
                 try:
                     loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn)
                 except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
@@ -247,32 +265,42 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                     free_memory(policy.device)
                     plan = sampler.plan = halve_micro_batch(plan, accelerator.num_processes, e)
                     say(f"[anyfit] out of memory at step {step + 1}: retrying the step with {plan.describe()}")
+                    loader = iter(window_loader(windows, step, steps, workers, pin_memory=policy.device == "cuda"))
+                    indices, window_tokens, cpu_batches = next(loader)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
             # A non-finite loss or gradient norm skips the update (fp16 overflow is the scaler's job, not a failure).
-            finite = bool(torch.isfinite(loss_sum)) and (policy.precision == "fp16" or bool(torch.isfinite(grad_norm)))
-            guard.record(finite)
-            if finite:
+            finite = torch.isfinite(loss_sum) if policy.precision == "fp16" else \
+                torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+            if skip_on_device:
+                optimizer.optimizer.found_inf = (~finite).float()
                 optimizer.step()
+                del optimizer.optimizer.found_inf
+                guard.defer(finite)
+            else:
+                finite = bool(finite)
+                guard.record(finite)
+                if finite:
+                    optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
             done = step + 1
-            if guard.exhausted:
-                last = resolve_resume("auto", out)
-                raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
-
-            if finite:
-                loss_since_log += loss_sum
-                tokens_since_log += window_tokens
+            loss_since_log += torch.where(torch.as_tensor(finite, device=accelerator.device), loss_sum, 0.0)
+            tokens_since_log += torch.as_tensor(finite, device=accelerator.device) * window_tokens
             real_tokens += sum(len(examples[i]["input_ids"]) for idx in indices for i in idx)  # host ints: no sync
             bar.update(1)
             if done % cfg.train.log_every == 0 or done == steps:
+                guard.flush()  # deferred checks are read here, once per logged step
+                if guard.exhausted:
+                    last = resolve_resume("auto", out)
+                    raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
                 # One collective per logged step: the loss sum and real-token count of all processes.
                 totals = accelerator.reduce(torch.stack([loss_since_log, real_tokens]), reduction="sum")
                 elapsed = time.perf_counter() - t_log
-                loss = totals[0].item() / tokens_since_log if tokens_since_log else float("nan")
+                trained = int(tokens_since_log)
+                loss = totals[0].item() / trained if trained else float("nan")
                 record = {"step": done, "loss": round(loss, 6), "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": round(float(grad_norm), 6),
-                          "tokens_per_s": round(totals[1].item() / elapsed, 1), "trainable_tokens": tokens_since_log,
+                          "grad_norm": round(float(grad_norm), 6), "tokens_per_s": round(totals[1].item() / elapsed, 1),
+                          "real_tokens": int(totals[1].item()), "trainable_tokens": trained,
                           "peak_mem_gib": round(peak_memory_gib(policy.device), 3),
                           "epoch": round(step / sampler.steps_per_epoch, 4), "skipped_steps": guard.skipped,
                           "micro_batch": plan.micro_batch}
@@ -281,8 +309,11 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                 bar.set_postfix(loss=f"{loss:.4f}", lr=f"{record['lr']:.2e}", tok_s=f"{record['tokens_per_s']:.0f}")
                 loss_since_log.zero_()
                 real_tokens.zero_()
-                tokens_since_log = 0
+                tokens_since_log.zero_()
                 t_log = time.perf_counter()
+            elif not skip_on_device and guard.exhausted:
+                last = resolve_resume("auto", out)
+                raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
             eval_loss_now = cfg.eval.every and (done % cfg.eval.every == 0 or done == steps)
             eval_gen_now = (cfg.eval.generate_every and done % cfg.eval.generate_every == 0) or \
                 (cfg.eval.generate_at_end and done == steps)
@@ -299,6 +330,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
             if cfg.train.save_every and done % cfg.train.save_every == 0 and done < steps:
                 checkpoint(done)
     bar.close()
+    guard.flush()
     result.skipped_steps = guard.skipped
     if guard.skipped:
         say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")

@@ -11,7 +11,6 @@ import random
 
 import torch
 
-from .batching import collate
 from .config import Config
 from .data_sources import load_records
 
@@ -32,7 +31,7 @@ def split_eval_records(cfg: Config, records: list[dict]) -> tuple[list[dict], li
 
 
 @torch.no_grad()
-def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, pad_id: int, loss_fn) -> float:
+def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, collate_fn, loss_fn) -> float:
     """Mean token loss over every trainable token of ``examples``, split over the processes."""
     mine = examples[accelerator.process_index::accelerator.num_processes]
     mine = sorted(mine, key=lambda e: -len(e["input_ids"]))  # similar lengths together: less padding
@@ -41,9 +40,9 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
     model.eval()  # no dropout: the number does not depend on the RNG, and the RNG is not consumed
     try:
         for i in range(0, len(mine), micro_batch):
-            batch = {k: v.to(accelerator.device) for k, v in collate(mine[i:i + micro_batch], pad_id).items()}
+            batch = {k: v.to(accelerator.device) for k, v in collate_fn(mine[i:i + micro_batch]).items()}
             totals[0] += loss_fn(model, batch).float()
-            totals[1] += (batch["labels"][:, 1:] != -100).sum()
+            totals[1] += batch["keep_targets"].numel()
     finally:
         model.train(was_training)
     totals = accelerator.reduce(totals, reduction="sum")
