@@ -158,4 +158,7 @@ class WindowBatches(torch.utils.data.Dataset):
 def window_loader(batches: WindowBatches, start: int, stop: int, workers: int, pin_memory: bool):
     """Windows ``start``..``stop - 1`` in order, prepared ``workers`` processes ahead (0: in this process)."""
     return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start, stop), num_workers=workers,
-                                       pin_memory=pin_memory, prefetch_factor=2 if workers else None)
+                                       pin_memory=pin_memory, prefetch_factor=2 if workers else None,
+                                       # its own generator: a DataLoader iterator otherwise draws a seed from the
+                                       # global RNG, which would shift dropout after a resume (not bit-exact)
+                                       generator=torch.Generator().manual_seed(0))

@@ -49,11 +49,17 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk):
-            t = targets[start:start + ctx.chunk]
-            valid = (t != IGNORE_INDEX).unsqueeze(1)
-            g = torch.exp(logits[start:start + ctx.chunk].float() - lse[start:start + ctx.chunk].unsqueeze(1))
-            g.scatter_add_(1, t.clamp(min=0).unsqueeze(1), -valid.float())
-            grad[start:start + ctx.chunk] = (g * valid * grad_total).to(grad.dtype)
+            end = start + ctx.chunk
+            t = targets[start:end].unsqueeze(1)
+            row_scale = (t != IGNORE_INDEX).float() * grad_total  # 0 for ignored rows
+            # softmax - one-hot, scaled; written in place (straight into the result when it is fp32)
+            in_place = grad.dtype == torch.float32
+            g = grad[start:end] if in_place else torch.empty(grad[start:end].shape, device=grad.device)
+            torch.sub(logits[start:end].float(), lse[start:end].unsqueeze(1), out=g).exp_()
+            g.scatter_add_(1, t.clamp(min=0), -torch.ones_like(row_scale))
+            g.mul_(row_scale)
+            if not in_place:
+                grad[start:end] = g
         return grad, None, None
 
 
