@@ -5,6 +5,7 @@ import torch
 from accelerate import Accelerator
 from transformers import AutoModelForCausalLM
 
+from anyfit.attention import register
 from anyfit.batching import IGNORE_INDEX, collate
 from anyfit.train import backward_window
 
@@ -24,9 +25,10 @@ def _relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
     return ((got - ref).abs().max() / ref.abs().max().clamp(min=1e-12)).item()
 
 
-def _grads(model_dir, seqs, micro: int, packed: bool = False) -> dict[str, torch.Tensor]:
+def _grads(model_dir, seqs, micro: int, packed: bool = False, attn: str = "sdpa") -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    register()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation=attn)
     acc = Accelerator(cpu=True)
     model = acc.prepare(model)
     window_tokens = sum(sum(1 for t in s["labels"][1:] if t != IGNORE_INDEX) for s in seqs)
@@ -41,12 +43,15 @@ def test_same_gradient_for_every_split(arch, tiny_llama_dir, tiny_qwen2_dir):
     seqs = _sequences(vocab=1000)
     ref = _grads(model_dir, seqs, micro=8)  # 1 padded micro-batch of 8
     # 8 x 1, 4 x 2, 2 x 4 padded; then packed (one row per micro-batch, no padding) at every split
-    for micro, packed in [(1, False), (2, False), (4, False), (1, True), (2, True), (4, True), (8, True)]:
-        got = _grads(model_dir, seqs, micro=micro, packed=packed)
+    # (packed with transformers' block mask, and with anyfit's per-example attention)
+    for micro, packed, attn in [(1, False, "sdpa"), (2, False, "sdpa"), (4, False, "sdpa"), (2, True, "sdpa"),
+                                (8, True, "sdpa"), (1, True, "anyfit_varlen"), (4, True, "anyfit_varlen"),
+                                (8, True, "anyfit_varlen")]:
+        got = _grads(model_dir, seqs, micro=micro, packed=packed, attn=attn)
         assert got.keys() == ref.keys()
         for name in ref:
             # fp32 round-off only: the unpadded 8x1 split runs another attention kernel than padded batches.
-            assert _relative_error(got[name], ref[name]) < 5e-5, f"{name} differs at micro={micro}, packed={packed}"
+            assert _relative_error(got[name], ref[name]) < 5e-5, f"{name} differs at micro={micro}, packed={packed}, {attn}"
 
 
 def test_mean_per_micro_batch_would_differ(tiny_llama_dir):

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForCausalLM
 
+from anyfit.attention import register
 from anyfit.batching import IGNORE_INDEX, collate
 from anyfit.loss import cross_entropy_sum, token_loss_sum
 
@@ -52,9 +53,12 @@ def _reference(model, examples) -> torch.Tensor:
     return total
 
 
-@pytest.mark.parametrize("packed", [False, True])
-def test_token_loss_matches_one_example_at_a_time(tiny_qwen2_dir, packed):
-    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).eval()
+@pytest.mark.parametrize("packed, attn", [(False, "sdpa"), (True, "sdpa"), (True, "anyfit_varlen"),
+                                         (False, "anyfit_varlen")])
+def test_token_loss_matches_one_example_at_a_time(tiny_qwen2_dir, packed, attn):
+    """Packed rows with transformers' block mask (sdpa) or anyfit's per-example attention equal separate runs."""
+    register()
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32, attn_implementation=attn).eval()
     examples = _examples(model.config.vocab_size)
     with torch.no_grad():
         ref = _reference(model, examples)
@@ -62,12 +66,13 @@ def test_token_loss_matches_one_example_at_a_time(tiny_qwen2_dir, packed):
     assert torch.allclose(got, ref, rtol=1e-5), (got, ref)
 
 
-def test_packing_without_position_ids_would_leak_across_examples(tiny_qwen2_dir):
+def test_packing_without_boundaries_would_leak_across_examples(tiny_qwen2_dir):
     """Guard that the test above can fail: one causal row over the concatenation gives another loss."""
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir, dtype=torch.float32).eval()
     examples = _examples(model.config.vocab_size)
     batch = collate(examples, pad_id=0, packed=True)
-    del batch["position_ids"]
+    for key in ("position_ids", "packed_lengths", "cu_seq_lens"):
+        del batch[key]
     with torch.no_grad():
         ref = _reference(model, examples)
         leaky = token_loss_sum(model, batch)

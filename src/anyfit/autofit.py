@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from .batching import BatchPlan
+from .batching import BatchPlan, to_device
 
 
 def is_oom(error: BaseException) -> bool:
@@ -68,7 +68,7 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
     for micro in plan.candidates():
         if micro > len(examples):
             break
-        batch = {k: v.to(device) for k, v in collate_fn([examples[i] for i in longest[:micro]]).items()}
+        batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         try:

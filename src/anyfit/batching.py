@@ -10,6 +10,7 @@ number, which is what makes exact resume simple.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import torch
@@ -121,8 +122,12 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
         ids = [t for ex in examples for t in ex["input_ids"]]
         flat = [t for row in targets for t in row]
         keep = [i for i, t in enumerate(flat) if t != IGNORE_INDEX]
+        lengths = [len(ex["input_ids"]) for ex in examples]
         return {"input_ids": torch.tensor([ids]),
-                "position_ids": torch.tensor([[p for ex in examples for p in range(len(ex["input_ids"]))]]),
+                "position_ids": torch.tensor([[p for n in lengths for p in range(n)]]),
+                # example boundaries for attention.packed_attention: host ints and their cumulative sums
+                "packed_lengths": tuple(lengths),
+                "cu_seq_lens": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
                 "keep": torch.tensor(keep, dtype=torch.long),
                 "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
     longest = max(len(ex["input_ids"]) for ex in examples)
@@ -137,6 +142,11 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
         attention[row, :len(ids)] = 1
     keep = shifted != IGNORE_INDEX
     return {"input_ids": input_ids, "attention_mask": attention, "keep": keep, "keep_targets": shifted[keep]}
+
+
+def to_device(batch: dict, device, non_blocking: bool = False) -> dict:
+    """Move a collated batch's tensors to ``device`` (``packed_lengths`` stays host integers)."""
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 class WindowBatches(torch.utils.data.Dataset):

@@ -41,8 +41,10 @@ class ModelConfig:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
         "auto", "Dtype of the loaded weights. auto: float32 master weights for full fine-tuning "
         "(mixed precision runs compute in bf16/fp16), the compute dtype for a frozen LoRA base.")
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = _f(
-        "auto", "Attention kernel. auto: sdpa where the model supports it.")
+    attn_implementation: Literal["auto", "anyfit_varlen", "sdpa", "eager", "flash_attention_2", "flex_attention"] = _f(
+        "auto", "Attention kernel. auto: anyfit_varlen with train.packing (per-example attention in packed rows: "
+        "PyTorch's varlen FlashAttention on CUDA bf16/fp16, SDPA per example elsewhere), else sdpa. The others "
+        "are transformers' own; with packing they keep examples apart through position_ids.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass: less memory, about 30% slower.")
 
 

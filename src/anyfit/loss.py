@@ -18,7 +18,7 @@ import torch
 
 from .batching import IGNORE_INDEX
 
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):

@@ -84,8 +84,15 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
                         revision=cfg.model.revision)
     if src.gguf_file:
         kwargs["gguf_file"] = src.gguf_file
-    if cfg.model.attn_implementation != "auto":
-        kwargs["attn_implementation"] = cfg.model.attn_implementation
+    attn = cfg.model.attn_implementation
+    if attn == "auto" and cfg.train.packing:
+        attn = "anyfit_varlen"  # packed rows: per-example attention, no dense block mask (anyfit.attention)
+    if attn == "anyfit_varlen":
+        from .attention import register
+
+        register()
+    if attn != "auto":
+        kwargs["attn_implementation"] = attn
     if cfg.lora.qlora:
         from transformers import BitsAndBytesConfig
 
@@ -93,7 +100,15 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=policy.compute_dtype)
         kwargs["device_map"] = {"": device_index}
-    model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+    except ValueError:
+        if cfg.model.attn_implementation != "auto" or attn != "anyfit_varlen":
+            raise
+        # an architecture without transformers' attention interface: its default attention, which still
+        # keeps packed examples apart through position_ids (with a dense block mask)
+        del kwargs["attn_implementation"]
+        model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
     if src.gguf_file:
         # GGUF weights arrive dequantized; drop the quantizer record so the result saves as plain safetensors.
         model.config.quantization_config = None

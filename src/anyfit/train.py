@@ -20,7 +20,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .autofit import free_memory, halve_micro_batch, is_oom, probe_micro_batch
-from .batching import BatchPlan, WindowBatches, WindowSampler, collate, window_loader
+from .batching import BatchPlan, WindowBatches, WindowSampler, collate, to_device, window_loader
 from .checkpoint import PREFIX, TMP_PREFIX, load_checkpoint, resolve_resume, save_checkpoint, save_model
 from .config import Config, ConfigError
 from .data_sources import load_records
@@ -254,7 +254,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
             indices, window_tokens, cpu_batches = next(loader)  # the position in the data is the step number
             loss_sum = None
             while loss_sum is None:  # repeated only after an out-of-memory error, with smaller micro-batches
-                batches = [{k: v.to(accelerator.device, non_blocking=True) for k, v in b.items()} for b in cpu_batches]
+                batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
                 try:
                     loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn)
                 except Exception as e:  # noqa: BLE001 - only out-of-memory is handled

@@ -11,6 +11,8 @@ import random
 
 import torch
 
+from .batching import to_device
+
 from .config import Config
 from .data_sources import load_records
 
@@ -40,7 +42,7 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
     model.eval()  # no dropout: the number does not depend on the RNG, and the RNG is not consumed
     try:
         for i in range(0, len(mine), micro_batch):
-            batch = {k: v.to(accelerator.device) for k, v in collate_fn(mine[i:i + micro_batch]).items()}
+            batch = to_device(collate_fn(mine[i:i + micro_batch]), accelerator.device)
             totals[0] += loss_fn(model, batch).float()
             totals[1] += batch["keep_targets"].numel()
     finally:
