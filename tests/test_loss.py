@@ -77,3 +77,21 @@ def test_packing_without_boundaries_would_leak_across_examples(tiny_qwen2_dir):
         ref = _reference(model, examples)
         leaky = token_loss_sum(model, batch)
     assert not torch.allclose(leaky, ref, rtol=1e-3), (leaky, ref)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_varlen_flash_attention_matches_per_example_sdpa():
+    """On CUDA, anyfit_varlen runs PyTorch's varlen FlashAttention: causal, per example, GQA."""
+    from anyfit.attention import packed_attention
+
+    lengths = (5, 17, 9)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 8, sum(lengths), 64, device="cuda", dtype=torch.bfloat16, generator=g)
+    k, v = (torch.randn(1, 2, sum(lengths), 64, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(2))
+    cu = torch.tensor([0, 5, 22, 31], device="cuda", dtype=torch.int32)
+    module = torch.nn.Module().eval()
+    got, _ = packed_attention(module, q, k, v, None, packed_lengths=lengths, cu_seq_lens=cu)
+    ref = torch.cat([F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                                    enable_gqa=True) for s, e in [(0, 5), (5, 22), (22, 31)]], dim=2)
+    assert torch.allclose(got.float(), ref.transpose(1, 2).float(), atol=2e-2)

@@ -146,5 +146,7 @@ def test_packing_on_and_off_train_the_same(tiny_qwen2_dir, tmp_path):
     on, off = runs["true"], runs["false"]
     assert len(on.losses) == 3
     assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(on.losses, off.losses)), (on.losses, off.losses)
+    # fp32 round-off of two attention kernels, which Adam's normalisation can lift to ~1e-5 on parameters
+    # with near-zero gradients: still 1000x below one update (lr 1e-2)
     for (name, p), q in zip(on.model.named_parameters(), off.model.parameters()):
-        assert torch.allclose(p, q, rtol=1e-4, atol=1e-6), name
+        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name

@@ -18,6 +18,9 @@ padded batches) the call is plain SDPA with transformers' usual mask.
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -27,12 +30,36 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 NAME = "anyfit_varlen"
 
 
+@functools.cache
 def _varlen_flash():
+    """PyTorch's varlen FlashAttention (CUDA) and how to ask it for causal attention, or None if absent.
+
+    Its signature moved between releases: ``is_causal=True`` first, then ``window_size=(-1, 0)``, whose
+    default (-1, -1) means *full* attention, so the keyword is chosen from the signature, never assumed.
+    """
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:  # torch < 2.9
         return None
-    return varlen_attn
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        causal = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        causal = {"is_causal": True}
+    else:
+        return None
+    return varlen_attn, causal, "enable_gqa" in params
+
+
+def _flash_dtype(query: torch.Tensor) -> torch.dtype | None:
+    """The half dtype to run varlen FlashAttention in, if any (under autocast RoPE may have made q fp32)."""
+    if not query.is_cuda:
+        return None
+    if query.dtype in (torch.bfloat16, torch.float16):
+        return query.dtype
+    if torch.is_autocast_enabled("cuda"):
+        return torch.get_autocast_dtype("cuda")
+    return None
 
 
 def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -45,11 +72,16 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                                       **kwargs)
     dropout = dropout if module.training else 0.0
     gqa = query.shape[1] != key.shape[1]
-    varlen = _varlen_flash()
-    if varlen is not None and query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and not dropout:
+    flash, dtype = _varlen_flash(), _flash_dtype(query)
+    if flash is not None and dtype is not None and not dropout:
+        varlen_attn, causal, has_gqa = flash
+        q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))  # (T, heads, dim)
+        if gqa and not has_gqa:
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        extra = {"enable_gqa": True} if gqa and has_gqa else {}
         longest = max(packed_lengths)
-        out = varlen(query[0].transpose(0, 1), key[0].transpose(0, 1), value[0].transpose(0, 1), cu_seq_lens,
-                     cu_seq_lens, longest, longest, scale=scaling, enable_gqa=gqa)
+        out = varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, longest, longest, scale=scaling, **causal, **extra)
         return out.unsqueeze(0), None
     outs, start = [], 0
     for length in packed_lengths:

@@ -155,14 +155,15 @@ class RuntimeConfig:
         "auto", "auto: bf16 on CUDA with native bf16 (compute capability 8.0+), fp16 with loss scaling "
         "on older CUDA, fp32 on MPS and CPU.")
     tf32: bool = _f(True, "Allow TF32 matmuls on CUDA where the GPU has them.")
-    fused_optimizer: bool = _f(True, "Use fused AdamW where the device supports it.")
+    fused_optimizer: bool = _f(True, "Fused AdamW (CUDA, MPS and CPU): one kernel per step, and non-finite steps are "
+                               "skipped on the device without a host sync.")
     memory_fraction: float = _f(
         0.85, "Share of the device's memory (host RAM on CPU) that micro_batch=auto may plan to use.")
     num_workers: int | Literal["auto"] = _f(
         "auto", "Processes that prepare the next steps' batches while the current one trains (auto: 2 on CUDA, "
         "0 elsewhere: on a CPU they would compete with training for the cores).")
-    compile: bool = _f(False, "torch.compile the model (inductor, dynamic shapes). Not on by default: see the "
-                       "README's speed notes for where it was measured.")
+    compile: bool = _f(False, "torch.compile the model (inductor, dynamic shapes). Off by default until it is "
+                       "measured to pay on a GPU (see BENCHMARKS.md).")
 
 
 @dataclass

@@ -294,13 +294,14 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                     last = resolve_resume("auto", out)
                     raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
                 # One collective per logged step: the loss sum and real-token count of all processes.
-                totals = accelerator.reduce(torch.stack([loss_since_log, real_tokens]), reduction="sum")
-                elapsed = time.perf_counter() - t_log
+                loss_total, tokens_total = accelerator.reduce(torch.stack([loss_since_log, real_tokens]),
+                                                              reduction="sum").tolist()
+                elapsed = time.perf_counter() - t_log  # after the sync above: the device work is included
                 trained = int(tokens_since_log)
-                loss = totals[0].item() / trained if trained else float("nan")
+                loss = loss_total / trained if trained else float("nan")
                 record = {"step": done, "loss": round(loss, 6), "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": round(float(grad_norm), 6), "tokens_per_s": round(totals[1].item() / elapsed, 1),
-                          "real_tokens": int(totals[1].item()), "trainable_tokens": trained,
+                          "grad_norm": round(float(grad_norm), 6), "tokens_per_s": round(tokens_total / elapsed, 1),
+                          "real_tokens": int(tokens_total), "trainable_tokens": trained,
                           "peak_mem_gib": round(peak_memory_gib(policy.device), 3),
                           "epoch": round(step / sampler.steps_per_epoch, 4), "skipped_steps": guard.skipped,
                           "micro_batch": plan.micro_batch}
