@@ -119,7 +119,8 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
     setup = Setup(method="lora" if cfg.lora.enabled else "full", device="cpu", precision="fp32", weight_bytes=4,
                   micro_batch=cfg.train.micro_batch, seq_len=seq, gradient_checkpointing=ckpt,
                   accumulation=per_process // cfg.train.micro_batch, lora_r=cfg.lora.r,
-                  lora_targets=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout, padding=False)
+                  lora_targets=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout, padding=False,
+                  fused_optimizer=cfg.runtime.fused_optimizer, loss_chunk_tokens=cfg.train.loss_chunk_tokens)
     est = estimate_memory(shape, setup, overhead_gib=0)
     peak = max(m["peak_mem_gib"] for m in metrics) * GIB
     base = rss_before_model["bytes"]
@@ -177,7 +178,7 @@ def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str
         f"Model: random-init Qwen2 shape, {rows[0]['params'] / 1e6:.1f}M parameters (24 layers, hidden 256, "
         "intermediate 1024, 4 heads / 2 KV heads, Qwen2.5 tokenizer with 151,665 tokens, tied embeddings). "
         f"Every sequence {seq} tokens (no padding), {steps} optimizer steps per case (the peak is in the "
-        "second, once AdamW states exist), fp32 on CPU, AdamW (foreach), LoRA r=16 alpha=32 dropout 0.05 on all "
+        "second, once AdamW states exist), fp32 on CPU, AdamW (fused), LoRA r=16 alpha=32 dropout 0.05 on all "
         "7 projections. Each case runs in a fresh process.", "",
         "## Memory", "",
         "The measured peak is `peak_mem_gib` of metrics.jsonl (the process's max RSS). *Tensors* is the "

@@ -103,6 +103,10 @@ def test_pretokenized_records_keep_their_ids_and_mask(qwen_tokenizer):
     assert examples[0] == {"input_ids": [5, 6, 7, 8], "labels": [IGNORE_INDEX, IGNORE_INDEX, 7, 8]}
     assert examples[1] == {"input_ids": [9, 10], "labels": [IGNORE_INDEX, 10]}  # no mask: every token trained
     assert report.trainable_tokens == 3
+    from anyfit.tokenization import tokenize_example
+
+    example = to_examples(records[:1], DataConfig())[0]  # what `anyfit render` shows
+    assert tokenize_example(example, qwen_tokenizer, DataConfig()) == ([5, 6, 7, 8], [IGNORE_INDEX, IGNORE_INDEX, 7, 8])
 
 
 @pytest.mark.parametrize("record, message", [

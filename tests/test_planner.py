@@ -273,7 +273,7 @@ def test_escalation_ladder():
     mac = plan_target(cfg, seven_b, PRESETS["m-16"])
     assert mac.verdict == "needs a bigger GPU" and mac.setup is None
     # Checkpointing is the first thing tried: a 0.5B full fine-tune at long sequences on an A100 40 GB.
-    long = plan_target(config("data.max_length=8192", "train.effective_batch=8"), shape_from_config(qwen25_05b()),
+    long = plan_target(config("data.max_length=16384", "train.effective_batch=8"), shape_from_config(qwen25_05b()),
                        PRESETS["a100-40"])
     assert long.verdict == "fits with gradient checkpointing" and long.setup.gradient_checkpointing
 
@@ -341,3 +341,12 @@ def test_precision_follows_the_runtime_policy():
     p = plan_target(config("runtime.precision=bf16"), shape, PRESETS["t4"])
     assert p.setup.precision == "fp16" and any("not allowed" in n for n in p.notes)
     assert isinstance(PRESETS["t4"], Target)
+
+
+def test_chunked_loss_keeps_less_than_half_the_logit_memory():
+    """bf16 logits with anyfit's chunked loss: logits + their gradient + one fp32 chunk, not 12 B per logit."""
+    shape = shape_from_config(qwen25_05b())
+    plain = estimate_memory(shape, setup_for("full", 8, accumulation=2))  # 8 x 1024 tokens
+    chunked = estimate_memory(shape, setup_for("full", 8, accumulation=2, loss_chunk_tokens=1024))
+    assert chunked.logits == 2 * 2 * 8192 * 151936 + 1024 * 151936 * 8  # 5.8 GiB
+    assert plain.logits == 12 * 8192 * 151936 and chunked.logits < plain.logits / 2  # 13.9 GiB

@@ -150,3 +150,14 @@ def test_packing_on_and_off_train_the_same(tiny_qwen2_dir, tmp_path):
     # with near-zero gradients: still 1000x below one update (lr 1e-2)
     for (name, p), q in zip(on.model.named_parameters(), off.model.parameters()):
         assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name
+
+
+def test_background_batch_workers_do_not_change_the_run(tiny_qwen2_dir, tmp_path):
+    """runtime.num_workers prepares the windows in other processes; the data order and result stay the same."""
+    data = write_dataset(tmp_path / "d.jsonl", n=16)
+    losses = {}
+    for workers in (0, 2):
+        cfg = config_for(tiny_qwen2_dir, data, tmp_path / str(workers), "train.effective_batch=4",
+                         "train.micro_batch=2", "train.max_steps=4", f"runtime.num_workers={workers}")
+        losses[workers] = train(cfg, echo=lambda *a: None).losses
+    assert len(losses[0]) == 4 and losses[0] == losses[2]

@@ -123,7 +123,7 @@ class TrainConfig:
         True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
         "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example.")
     loss_chunk_tokens: int = _f(
-        4096, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
+        1024, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
         "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")
     max_nonfinite_steps: int = _f(
         3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "

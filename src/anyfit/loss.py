@@ -70,7 +70,7 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens:
     return ChunkedCrossEntropy.apply(logits, targets, chunk_tokens)
 
 
-def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 4096) -> torch.Tensor:
+def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
     """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     logits = model(**inputs, logits_to_keep=batch["keep"], use_cache=False).logits

@@ -18,7 +18,7 @@ Everything is computed from the model's *config* (no weights are read) and the r
 
 The estimates describe anyfit's own loop and policies: fp32 master weights with bf16/fp16 autocast for
 full fine-tuning, a frozen base in the compute dtype for LoRA on CUDA (fp32 on CPU/MPS), fp32 adapters
-(PEFT upcasts them), token-sum loss over fp32 logits, AdamW (fused on CUDA/MPS, foreach on CPU).
+(PEFT upcasts them), token-sum loss (chunked fp32 cross-entropy by default), fused AdamW on every device.
 """
 
 from __future__ import annotations
@@ -279,6 +279,7 @@ class Setup:
     lora_dropout: float = 0.05
     padding: bool = True  # micro-batches padded to their longest (the attention then takes a mask)
     fused_optimizer: bool = True
+    loss_chunk_tokens: int = 0  # train.loss_chunk_tokens: 0 is torch's cross-entropy on fp32 logits
 
     @property
     def lora(self) -> bool:
@@ -413,15 +414,22 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     return Activations(per_layer=per_layer, head=head, checkpoint_input=rs * h)
 
 
-def logits_bytes(shape: ModelShape, tokens: int) -> int:
-    """Peak bytes of the logits and the loss: 12 per logit.
+def logits_bytes(shape: ModelShape, tokens: int, logit_bytes: int = 4, chunk: int = 0) -> int:
+    """Peak bytes of the logits and the loss over ``tokens`` trained positions.
 
-    anyfit computes a token-sum cross-entropy on fp32 logits. In the backward pass three fp32 (b, s, V)
-    tensors are alive at once: the saved log-softmax, the NLL gradient and the log-softmax gradient; the
-    forward pass peaks at the same 12 bytes (logits, the shifted copy, the log-softmax). With a 152k
-    vocabulary that is 1.8 MB per token, more than all layers' activations of a 0.5B model.
+    ``chunk`` = 0 (train.loss_chunk_tokens=0, torch's cross-entropy on upcast logits): 12 bytes per logit.
+    In the backward pass three fp32 (n, V) tensors are alive at once: the saved log-softmax, the NLL
+    gradient and the log-softmax gradient. With a 152k vocabulary that is 1.8 MB per token.
+
+    ``chunk`` > 0 (anyfit's chunked cross-entropy, the default): the logits (kept for backward) and their
+    gradient in the logits' own dtype. fp32 logits need nothing more (backward writes softmax - one-hot
+    straight into the gradient); half-precision ones add one fp32 chunk of rows: the upcast copy and the
+    softmax. Measured on CPU (benchmarks/PLAN_VS_MEASURED.md): 8 bytes per fp32 logit.
     """
-    return 12 * tokens * shape.vocab_size
+    if chunk <= 0:
+        return 12 * tokens * shape.vocab_size
+    transient = 0 if logit_bytes == 4 else 8 * min(tokens, chunk) * shape.vocab_size
+    return 2 * logit_bytes * tokens * shape.vocab_size + transient
 
 
 def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype_bytes: int) -> int:
@@ -437,7 +445,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     - forward/backward: weights + optimizer states + activations + logits and loss (+ the gradients of the
       earlier micro-batches of the step, none with a single micro-batch) + autocast's weight copies;
     - the optimizer step: weights + optimizer states + all gradients + the step's temporaries
-      (foreach AdamW on the CPU allocates one fp32 copy of the trainable parameters).
+      (foreach AdamW allocates one fp32 copy of the trainable parameters; fused AdamW none).
     """
     notes: list[str] = []
     n = setup.processes
@@ -470,7 +478,9 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     act = activation_bytes(shape, setup)
     # The loss and the output head: 12 bytes per logit while the loss's backward runs; right after, the
     # head's weight gradient (a new V x h tensor, accumulated into .grad) next to the logits' gradient.
-    logits = max(logits_bytes(shape, tokens), tokens * shape.vocab_size * 4 + head_grads // shard)
+    logit_bytes = 4 if setup.loss_chunk_tokens <= 0 else a  # the head's output dtype (autocast: a)
+    logits = max(logits_bytes(shape, tokens, logit_bytes, setup.loss_chunk_tokens),
+                 tokens * shape.vocab_size * logit_bytes + head_grads // shard)
     if setup.gradient_checkpointing:
         # Layer inputs and the head's tensors stay; the backward pass recomputes one layer at a time, whose
         # saved tensors plus their gradients (~ the same again) come on top once the logits are gone.
@@ -505,7 +515,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
 
     accumulated = gradients if setup.accumulation > 1 else 0  # grads of earlier micro-batches of the step
     fwd_bwd = accumulated + activations + logits + transient
-    step_temp = 0 if (setup.fused_optimizer and setup.device in ("cuda", "mps")) else trainable * grad_bytes // shard
+    step_temp = 0 if setup.fused_optimizer else trainable * grad_bytes // shard
     step = gradients + step_temp
     overhead = int((RUNTIME_OVERHEAD_GIB[setup.device] if overhead_gib is None else overhead_gib) * GIB)
     kv = kv_cache_bytes(shape, eval_tokens or setup.seq_len, setup.micro_batch, a)
@@ -653,7 +663,8 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
             setup = Setup(method=method, device=target.device, precision=precision, weight_bytes=wb, micro_batch=micro,
                           seq_len=seq, gradient_checkpointing=ckpt, accumulation=per_process // micro,
                           processes=processes, fsdp=fsdp, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
-                          lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer)
+                          lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
+                          padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens)
             mem = estimate_memory(shape, setup, overhead_gib=overhead_gib)
             if mem.peak <= budget:
                 return setup, mem

@@ -128,6 +128,8 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
 def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase,
                      cfg: DataConfig) -> tuple[list[int], list[int]]:
     """(input_ids, labels) of one example, before the length policy (for inspecting a single example)."""
+    if example.kind == "tokens":
+        return _pretokenized(example, cfg, len(tokenizer))
     ((input_ids, labels),) = _tokenize_renderings([render(example, tokenizer, cfg)], tokenizer, cfg)
     return input_ids, labels
 
