@@ -161,3 +161,16 @@ def test_background_batch_workers_do_not_change_the_run(tiny_qwen2_dir, tmp_path
                          "train.micro_batch=2", "train.max_steps=4", f"runtime.num_workers={workers}")
         losses[workers] = train(cfg, echo=lambda *a: None).losses
     assert len(losses[0]) == 4 and losses[0] == losses[2]
+
+
+@pytest.mark.slow
+def test_torch_compile_trains_the_same(tiny_qwen2_dir, tmp_path):
+    """runtime.compile=true (inductor, dynamic shapes, packed rows of changing length) matches eager."""
+    data = write_dataset(tmp_path / "d.jsonl", n=16)
+    losses = {}
+    for compiled in ("false", "true"):
+        cfg = config_for(tiny_qwen2_dir, data, tmp_path / compiled, "train.effective_batch=4", "train.micro_batch=2",
+                         "train.max_steps=3", "train.learning_rate=1e-2", f"runtime.compile={compiled}")
+        losses[compiled] = train(cfg, echo=lambda *a: None).losses
+    assert len(losses["true"]) == 3
+    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses["true"], losses["false"])), losses

@@ -18,7 +18,6 @@ padded batches) the call is plain SDPA with transformers' usual mask.
 
 from __future__ import annotations
 
-import functools
 import inspect
 
 import torch
@@ -30,8 +29,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 NAME = "anyfit_varlen"
 
 
-@functools.cache
-def _varlen_flash():
+def _find_varlen_flash():
     """PyTorch's varlen FlashAttention (CUDA) and how to ask it for causal attention, or None if absent.
 
     Its signature moved between releases: ``is_causal=True`` first, then ``window_size=(-1, 0)``, whose
@@ -49,6 +47,9 @@ def _varlen_flash():
     else:
         return None
     return varlen_attn, causal, "enable_gqa" in params
+
+
+_VARLEN_FLASH = _find_varlen_flash()  # resolved once at import (also keeps torch.compile from tracing it)
 
 
 def _flash_dtype(query: torch.Tensor) -> torch.dtype | None:
@@ -72,7 +73,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
                                       **kwargs)
     dropout = dropout if module.training else 0.0
     gqa = query.shape[1] != key.shape[1]
-    flash, dtype = _varlen_flash(), _flash_dtype(query)
+    flash, dtype = _VARLEN_FLASH, _flash_dtype(query)
     if flash is not None and dtype is not None and not dropout:
         varlen_attn, causal, has_gqa = flash
         q, k, v = (t[0].transpose(0, 1).to(dtype) for t in (query, key, value))  # (T, heads, dim)
