@@ -135,17 +135,23 @@ def test_evaluation_during_training(tiny_qwen2_dir, tmp_path):
     assert info["data"]["loaded"] == 16  # the 4 held-out records are not trained on
 
 
+def _runs(model_dir, tmp_path, key: str, values: tuple[str, ...], *extra: str) -> dict[str, "TrainResult"]:
+    """Short runs on the same data that differ only in ``key`` (one per value)."""
+    data = write_dataset(tmp_path / "d.jsonl", n=16)
+    return {v: train(config_for(model_dir, data, tmp_path / v, "train.learning_rate=1e-2", f"{key}={v}", *extra),
+                     echo=lambda *a: None) for v in values}
+
+
+def _same_losses(a: list[float], b: list[float], steps: int) -> bool:
+    return len(a) == len(b) == steps and all(abs(x - y) <= 1e-4 * abs(y) for x, y in zip(a, b))
+
+
 def test_packing_on_and_off_train_the_same(tiny_qwen2_dir, tmp_path):
     """Packed rows (no padding, position_ids) and padded rows give the same per-step losses and weights."""
-    data = write_dataset(tmp_path / "d.jsonl", n=16)
-    runs = {}
-    for packing in ("true", "false"):
-        cfg = config_for(tiny_qwen2_dir, data, tmp_path / packing, "train.effective_batch=8", "train.micro_batch=4",
-                         "train.max_steps=3", "train.learning_rate=1e-2", f"train.packing={packing}")
-        runs[packing] = train(cfg, echo=lambda *a: None)
+    runs = _runs(tiny_qwen2_dir, tmp_path, "train.packing", ("true", "false"), "train.effective_batch=8",
+                 "train.micro_batch=4", "train.max_steps=3")
     on, off = runs["true"], runs["false"]
-    assert len(on.losses) == 3
-    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(on.losses, off.losses)), (on.losses, off.losses)
+    assert _same_losses(on.losses, off.losses, 3), (on.losses, off.losses)
     # fp32 round-off of two attention kernels, which Adam's normalisation can lift to ~1e-5 on parameters
     # with near-zero gradients: still 1000x below one update (lr 1e-2)
     for (name, p), q in zip(on.model.named_parameters(), off.model.parameters()):
@@ -154,23 +160,14 @@ def test_packing_on_and_off_train_the_same(tiny_qwen2_dir, tmp_path):
 
 def test_background_batch_workers_do_not_change_the_run(tiny_qwen2_dir, tmp_path):
     """runtime.num_workers prepares the windows in other processes; the data order and result stay the same."""
-    data = write_dataset(tmp_path / "d.jsonl", n=16)
-    losses = {}
-    for workers in (0, 2):
-        cfg = config_for(tiny_qwen2_dir, data, tmp_path / str(workers), "train.effective_batch=4",
-                         "train.micro_batch=2", "train.max_steps=4", f"runtime.num_workers={workers}")
-        losses[workers] = train(cfg, echo=lambda *a: None).losses
-    assert len(losses[0]) == 4 and losses[0] == losses[2]
+    runs = _runs(tiny_qwen2_dir, tmp_path, "runtime.num_workers", ("0", "2"), "train.effective_batch=4",
+                 "train.micro_batch=2", "train.max_steps=4")
+    assert len(runs["0"].losses) == 4 and runs["0"].losses == runs["2"].losses  # exactly: same data, same order
 
 
 @pytest.mark.slow
 def test_torch_compile_trains_the_same(tiny_qwen2_dir, tmp_path):
     """runtime.compile=true (inductor, dynamic shapes, packed rows of changing length) matches eager."""
-    data = write_dataset(tmp_path / "d.jsonl", n=16)
-    losses = {}
-    for compiled in ("false", "true"):
-        cfg = config_for(tiny_qwen2_dir, data, tmp_path / compiled, "train.effective_batch=4", "train.micro_batch=2",
-                         "train.max_steps=3", "train.learning_rate=1e-2", f"runtime.compile={compiled}")
-        losses[compiled] = train(cfg, echo=lambda *a: None).losses
-    assert len(losses["true"]) == 3
-    assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses["true"], losses["false"])), losses
+    runs = _runs(tiny_qwen2_dir, tmp_path, "runtime.compile", ("false", "true"), "train.effective_batch=4",
+                 "train.micro_batch=2", "train.max_steps=3")
+    assert _same_losses(runs["true"].losses, runs["false"].losses, 3), (runs["true"].losses, runs["false"].losses)
