@@ -1,8 +1,9 @@
 """Stopping cleanly on SIGTERM/SIGINT (Colab disconnects, spot preemption, Ctrl-C).
 
 The handler only sets a flag; the loop finishes the current optimizer step, writes a checkpoint and
-returns. With several processes the flag is agreed on with one tiny all-reduce per step, so every
-process stops after the same step (a process that stopped alone would hang the others in a collective).
+returns. With several processes the flag is agreed on with one tiny all-reduce, asked by the loop on
+logged steps only (it is a host sync), so every process stops after the same step (a process that stopped
+alone would hang the others in a collective).
 """
 
 from __future__ import annotations

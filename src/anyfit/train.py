@@ -288,11 +288,13 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
             tokens_since_log += torch.as_tensor(finite, device=accelerator.device) * window_tokens
             real_tokens += sum(len(examples[i]["input_ids"]) for idx in indices for i in idx)  # host ints: no sync
             bar.update(1)
-            if done % cfg.train.log_every == 0 or done == steps:
+            log_now = done % cfg.train.log_every == 0 or done == steps
+            if log_now:
                 guard.flush()  # deferred checks are read here, once per logged step
-                if guard.exhausted:
-                    last = resolve_resume("auto", out)
-                    raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
+            if guard.exhausted:
+                last = resolve_resume("auto", out)
+                raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
+            if log_now:
                 # One collective per logged step: the loss sum and real-token count of all processes.
                 loss_total, tokens_total = accelerator.reduce(torch.stack([loss_since_log, real_tokens]),
                                                               reduction="sum").tolist()
@@ -312,15 +314,13 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
                 real_tokens.zero_()
                 tokens_since_log.zero_()
                 t_log = time.perf_counter()
-            elif not skip_on_device and guard.exhausted:
-                last = resolve_resume("auto", out)
-                raise TrainingDiverged(diagnosis(cfg, policy, done, str(last) if last else None))
             eval_loss_now = cfg.eval.every and (done % cfg.eval.every == 0 or done == steps)
             eval_gen_now = (cfg.eval.generate_every and done % cfg.eval.generate_every == 0) or \
                 (cfg.eval.generate_at_end and done == steps)
             if eval_loss_now or eval_gen_now:
                 evaluate_now(done, loss=bool(eval_loss_now), generate=bool(eval_gen_now))
-            if stop.requested(accelerator) and done < steps:
+            # Several processes agree on a stop with a collective (a host sync): only on logged steps.
+            if (accelerator.num_processes == 1 or log_now) and stop.requested(accelerator) and done < steps:
                 path = checkpoint(done)
                 bar.close()
                 say(f"[anyfit] {stop.signal_name or 'a stop signal'} received: saved {path} after step {done}. "
