@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from anyfit.loss import cross_entropy_sum
+from anyfit.training.loss import cross_entropy_sum
 
 
 def timed(fn, reps: int) -> float:

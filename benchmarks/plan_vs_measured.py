@@ -3,7 +3,7 @@
     uv run python benchmarks/plan_vs_measured.py [--steps 2] [--markdown benchmarks/PLAN_VS_MEASURED.md]
 
 Builds a random-init Qwen2-shaped model (24 layers, 256 wide, Qwen2.5's real 151,665-token tokenizer:
-~62M parameters) in a temporary folder, then runs ``anyfit.train.train`` for a few optimizer steps per
+~62M parameters) in a temporary folder, then runs ``anyfit.training.loop.train`` for a few optimizer steps per
 case (full / LoRA, with and without gradient checkpointing, with and without accumulation), each in a
 fresh process so that its peak RSS is its own.
 
@@ -11,7 +11,7 @@ What is compared, and why:
 - the CPU peak in metrics.jsonl (``peak_mem_gib``) is the process's max resident set. It includes the
   interpreter, torch, transformers, the tokenizer and the data, which the planner cannot know. So the
   model is checked on the *increase* of the peak RSS over the RSS just before the model is loaded
-  (measured by wrapping ``anyfit.train.load_model``): predicted = the estimate with zero runtime
+  (measured by wrapping ``anyfit.training.loop.load_model``): predicted = the estimate with zero runtime
   overhead. The total is also shown against the planner's fixed CPU overhead constant.
 - step time: the planner's FLOPs / (this CPU's measured matmul throughput x the CPU efficiency) against
   the measured tokens/s of the last step (the first one includes warm-up).
@@ -88,10 +88,10 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
     """Runs in a fresh process: train, then compare with the planner."""
     import psutil
 
-    import anyfit.train as train_mod
+    import anyfit.training.loop as train_mod
     from anyfit.config import load_config
-    from anyfit.hardware_presets import GIB, this_machine
-    from anyfit.planner import Setup, estimate_memory, flops_per_token, model_shape, step_seconds
+    from anyfit.hardware.presets import GIB, this_machine
+    from anyfit.hardware.planner import Setup, estimate_memory, flops_per_token, model_shape, step_seconds
 
     overrides, ckpt = CASES[name]
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"data.path={data}", "data.format=text",
@@ -150,7 +150,7 @@ PAIRS = [  # (what the difference measures, case a, case b): compared as a - b
 
 def predicted_step(r: dict) -> float:
     """The planner's step time: FLOPs / (measured matmul throughput x the CPU efficiency) + the AdamW update."""
-    from anyfit.hardware_presets import DEFAULT_MFU
+    from anyfit.hardware.presets import DEFAULT_MFU
 
     return r["flops_per_step"] / (r["cpu_tflops_measured"] * 1e12 * DEFAULT_MFU["cpu"]) + r["optimizer_s"]
 
@@ -162,7 +162,7 @@ def _err(predicted: float, measured: float) -> str:
 def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str) -> str:
     import psutil
 
-    from anyfit.planner import RUNTIME_OVERHEAD_GIB
+    from anyfit.hardware.planner import RUNTIME_OVERHEAD_GIB
 
     by = {r["case"]: r for r in rows}
     calib = by.get("calibrate")
@@ -217,7 +217,7 @@ def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str
         lines.append(f"| {r['case']} | {r['phase']} | {b['weights_gib']:.3f} | {b['gradients_gib']:.3f} | "
                      f"{b['optimizer_gib']:.3f} | {b['activations_gib']:.3f} | {b['logits_gib']:.3f} | "
                      f"{b['transient_gib']:.3f} |")
-    from anyfit.hardware_presets import DEFAULT_MFU
+    from anyfit.hardware.presets import DEFAULT_MFU
 
     lines += ["", "## Time per optimizer step", "",
               "Predicted = FLOPs / (fp32 matmul TFLOP/s measured in the same process just before training x "

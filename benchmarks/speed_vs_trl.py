@@ -139,11 +139,11 @@ def random_token_rows(n: int, vocab: int, seed: int) -> list[dict[str, list[int]
 def smollm2_rows(n: int, seed: int) -> tuple[Path, list[dict[str, list[int]]], int]:
     """The quickstart model folder and ``n`` synthetic records tokenized by anyfit (quickstart data settings)."""
     from anyfit.config import load_config
-    from anyfit.gguf_cache import materialize_gguf, smollm2_gguf_path
-    from anyfit.modeling import load_tokenizer
+    from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
+    from anyfit.model.loading import load_tokenizer
     from anyfit.quickstart import RECIPE
-    from anyfit.synthetic import train_set
-    from anyfit.tokenization import IGNORE_INDEX, tokenize_dataset
+    from anyfit.data.synthetic import train_set
+    from anyfit.data.tokenization import IGNORE_INDEX, tokenize_dataset
 
     folder = materialize_gguf(smollm2_gguf_path())
     data_settings = [item for item in RECIPE if item.startswith("data.")]
@@ -341,7 +341,7 @@ def child_matmul_peak(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def child_anyfit(spec: dict[str, Any]) -> dict[str, Any]:
-    import anyfit.train as anyfit_train
+    import anyfit.training.loop as anyfit_train
     from anyfit.config import load_config
 
     device = spec["device"]

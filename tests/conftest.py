@@ -37,7 +37,13 @@ def qwen_tokenizer(qwen_tokenizer_dir):
 
 
 def _save_tiny(kind: str, tokenizer_dir: Path, out: Path) -> Path:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,

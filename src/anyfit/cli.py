@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .config import ConfigError, help_text, load_config
-from .data_sources import DataError
+from anyfit.config import ConfigError, help_text, load_config
+from anyfit.data.sources import DataError
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
@@ -30,8 +30,8 @@ def _load(args) -> "Config":  # noqa: F821
 
 def cmd_train(args) -> int:
     cfg = _load(args)  # validate before importing torch & co.
-    from .divergence import TrainingDiverged
-    from .train import train
+    from anyfit.training.divergence import TrainingDiverged
+    from anyfit.training.loop import train
 
     try:
         train(cfg)
@@ -42,8 +42,8 @@ def cmd_train(args) -> int:
 
 
 def cmd_env(args) -> int:
-    from .config import RuntimeConfig
-    from .runtime import memory_summary, resolve_runtime, versions
+    from anyfit.config import RuntimeConfig
+    from anyfit.hardware.runtime import memory_summary, resolve_runtime, versions
 
     for k, v in versions().items():
         print(f"{k}: {v}")
@@ -56,10 +56,10 @@ def cmd_env(args) -> int:
 
 def cmd_render(args) -> int:
     cfg = _load(args)
-    from .data_sources import load_records
-    from .formats import to_examples
-    from .modeling import load_tokenizer
-    from .tokenization import show_example, tokenize_dataset, tokenize_example
+    from anyfit.data.sources import load_records
+    from anyfit.data.formats import to_examples
+    from anyfit.model.loading import load_tokenizer
+    from anyfit.data.tokenization import show_example, tokenize_dataset, tokenize_example
 
     tokenizer = load_tokenizer(cfg.model)
     records = load_records(cfg.data)
@@ -82,8 +82,8 @@ def cmd_plan(args) -> int:
     cfg = _load(args)
     import json
 
-    from .hardware_presets import targets_from_args
-    from .planner import plan_dict, plan_report
+    from anyfit.hardware.presets import targets_from_args
+    from anyfit.hardware.planner import plan_dict, plan_report
 
     targets = targets_from_args(args.device, args.memory_gb, args.gpus)
     if args.json:
@@ -94,7 +94,7 @@ def cmd_plan(args) -> int:
 
 
 def cmd_quickstart(args) -> int:
-    from .quickstart import run_quickstart
+    from anyfit.quickstart import run_quickstart
 
     run_quickstart(output_dir=args.output_dir)
     return 0
@@ -156,7 +156,7 @@ def _generation_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
 def cmd_generate(args) -> int:
     import json
 
-    from .inference import GenerationParams, make_backend
+    from anyfit.evaluation.inference import GenerationParams, make_backend
 
     prompts = list(args.prompt) + (_read_prompts(args.file) if args.file else [])
     if not prompts:
@@ -212,7 +212,7 @@ def cmd_eval(args) -> int:
             if name in trained and not _set_in_config(args, f"data.{name}"):
                 setattr(cfg.data, name, trained[name])
                 print(f"[anyfit] eval: data.{name}={trained[name]!r}, as in the training run ({run_config})")
-    from .evaluate import evaluate
+    from anyfit.evaluation.evaluate import evaluate
 
     name = Path(model).name if Path(model).exists() else model.replace("/", "__")  # hub ids: one folder level
     out = args.out or str(Path("runs") / "eval" / name)

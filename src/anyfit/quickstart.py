@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from .config import Config, load_config
-from .evaluate import default_params, describe, run_eval
-from .formats import to_examples
-from .gguf_cache import materialize_gguf, smollm2_gguf_path
-from .inference import TransformersBackend
-from .synthetic import heldout_set, train_set, write_jsonl
+from anyfit.config import Config, load_config
+from anyfit.evaluation.evaluate import default_params, describe, run_eval
+from anyfit.data.formats import to_examples
+from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
+from anyfit.evaluation.inference import TransformersBackend
+from anyfit.data.synthetic import heldout_set, train_set, write_jsonl
 
 # The recipe, measured on a 2-core CPU (BENCHMARKS.md): LoRA on every projection costs less per step than
 # full fine-tuning on CPU and learns the answer format and the sums within the budget.
@@ -54,7 +54,7 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", overrides: list[s
                    eval_problems: int = EVAL_PROBLEMS, train_examples: int = TRAIN_EXAMPLES) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .train import train
+    from anyfit.training.loop import train
 
     t0 = time.perf_counter()
     output_dir = Path(output_dir)

@@ -1,0 +1,174 @@
+"""Which examples go into which optimizer step, micro-batch and process, and how they are padded.
+
+Written by hand rather than using a DataLoader sampler sharded by Accelerate: the unit that must be
+identical on every machine is the *accumulation window* (the effective batch of one optimizer step),
+not the micro-batch. Every process draws the same seeded permutation, cuts it into windows of
+``effective_batch`` examples and takes its own slice, so 1 process x 8 micro-steps and 2 processes x
+4 micro-steps train on exactly the same examples per step. The position in the data is just the step
+number, which is what makes exact resume simple.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from anyfit.config import ConfigError, TrainConfig
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    """effective_batch = micro_batch x accumulation x processes, checked once at start."""
+
+    effective_batch: int
+    micro_batch: int
+    accumulation: int
+    processes: int
+
+    @staticmethod
+    def from_config(cfg: TrainConfig, processes: int, micro_batch: int | None = None) -> "BatchPlan":
+        """``micro_batch`` overrides the config's value (used once ``auto`` has been measured)."""
+        requested = micro_batch if micro_batch is not None else cfg.micro_batch
+        per_process, rem = divmod(cfg.effective_batch, processes)
+        if rem:
+            raise ConfigError(f"train.effective_batch={cfg.effective_batch} cannot be split evenly over {processes} "
+                              f"processes; use a multiple of {processes} (e.g. {per_process * processes or processes}"
+                              f" or {(per_process + 1) * processes}).")
+        if requested == "auto":  # a placeholder until the probe has measured; the split is valid
+            requested = 1
+        micro = min(requested, per_process)
+        accumulation, rem = divmod(per_process, micro)
+        if rem:
+            divisors = [d for d in range(1, per_process + 1) if per_process % d == 0]
+            ok = max(d for d in divisors if d <= micro)
+            raise ConfigError(f"train.micro_batch={requested} does not divide the {per_process} sequences each of "
+                              f"the {processes} process(es) gets per step (effective_batch={cfg.effective_batch}); "
+                              f"use train.micro_batch={ok} (valid: {divisors}).")
+        return BatchPlan(cfg.effective_batch, micro, accumulation, processes)
+
+    @property
+    def per_process(self) -> int:
+        return self.effective_batch // self.processes
+
+    def with_micro_batch(self, micro: int) -> "BatchPlan":
+        """The same effective batch with another micro-batch (it must divide the per-process share)."""
+        assert self.per_process % micro == 0, (self.per_process, micro)
+        return BatchPlan(self.effective_batch, micro, self.per_process // micro, self.processes)
+
+    def candidates(self) -> list[int]:
+        """Micro-batch sizes that keep the effective batch exactly: the divisors of the per-process share."""
+        return [d for d in range(1, self.per_process + 1) if self.per_process % d == 0]
+
+    def describe(self) -> str:
+        return (f"effective batch {self.effective_batch} = micro-batch {self.micro_batch} x accumulation "
+                f"{self.accumulation} x processes {self.processes}")
+
+
+class WindowSampler:
+    """Deterministic accumulation windows: ``window(step)`` gives this process's micro-batches for that step."""
+
+    def __init__(self, lengths: list[int], trainable: list[int], plan: BatchPlan, process_index: int, seed: int):
+        self.lengths = lengths
+        self.trainable = trainable
+        self.plan = plan
+        self.process_index = process_index
+        self.seed = seed
+        # A partial last window would change the effective batch of that step; it is left out (and reported).
+        self.steps_per_epoch = len(lengths) // plan.effective_batch
+        self._epoch = -1
+        self._perm: list[int] = []
+
+    def _permutation(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            g = torch.Generator().manual_seed(self.seed + epoch)
+            self._perm = torch.randperm(len(self.lengths), generator=g).tolist()
+            self._epoch = epoch
+        return self._perm
+
+    def window(self, step: int) -> tuple[list[list[int]], int]:
+        """(micro-batches of example indices for this process, trainable tokens in the whole global window)."""
+        epoch, k = divmod(step, self.steps_per_epoch)
+        e = self.plan.effective_batch
+        window = self._permutation(epoch)[k * e:(k + 1) * e]
+        per_process = e // self.plan.processes
+        mine = window[self.process_index * per_process:(self.process_index + 1) * per_process]
+        # Grouping similar lengths into the same micro-batch cuts padding; it cannot change the update
+        # because the loss is normalised over the whole window, not per micro-batch.
+        mine = sorted(mine, key=lambda i: -self.lengths[i])
+        m = self.plan.micro_batch
+        micro_batches = [mine[i:i + m] for i in range(0, len(mine), m)]
+        return micro_batches, sum(self.trainable[i] for i in window)
+
+
+def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors for one micro-batch; every example's labels are shifted here to next-token targets.
+
+    - padded (``packed=False``): rows right-padded to the longest example, with an ``attention_mask``;
+    - packed: all examples concatenated into one row without padding; ``position_ids`` restart at 0 for
+      each example, which is how transformers' attention (SDPA/eager block mask, FlashAttention varlen,
+      FlexAttention) keeps every token from attending across an example boundary.
+
+    Shifting per example (the last token of each example predicts nothing) means no position learns to
+    predict the first token of the next packed example. ``keep`` selects the positions whose next token is
+    trained (a boolean mask for padded rows, positions for a packed row: transformers' ``logits_to_keep``)
+    and ``keep_targets`` holds those tokens, so the output layer runs only where there is a loss.
+    """
+    targets = [ex["labels"][1:] + [IGNORE_INDEX] for ex in examples]
+    if packed:
+        ids = [t for ex in examples for t in ex["input_ids"]]
+        flat = [t for row in targets for t in row]
+        keep = [i for i, t in enumerate(flat) if t != IGNORE_INDEX]
+        lengths = [len(ex["input_ids"]) for ex in examples]
+        return {"input_ids": torch.tensor([ids]),
+                "position_ids": torch.tensor([[p for n in lengths for p in range(n)]]),
+                # example boundaries for attention.packed_attention: host ints and their cumulative sums
+                "packed_lengths": tuple(lengths),
+                "cu_seq_lens": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
+                "keep": torch.tensor(keep, dtype=torch.long),
+                "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
+    longest = max(len(ex["input_ids"]) for ex in examples)
+    n = len(examples)
+    input_ids = torch.full((n, longest), pad_id, dtype=torch.long)
+    shifted = torch.full((n, longest), IGNORE_INDEX, dtype=torch.long)
+    attention = torch.zeros((n, longest), dtype=torch.long)
+    for row, (ex, tg) in enumerate(zip(examples, targets)):
+        ids = ex["input_ids"]
+        input_ids[row, :len(ids)] = torch.tensor(ids)
+        shifted[row, :len(ids)] = torch.tensor(tg)
+        attention[row, :len(ids)] = 1
+    keep = shifted != IGNORE_INDEX
+    return {"input_ids": input_ids, "attention_mask": attention, "keep": keep, "keep_targets": shifted[keep]}
+
+
+def to_device(batch: dict, device, non_blocking: bool = False) -> dict:
+    """Move a collated batch's tensors to ``device`` (``packed_lengths`` stays host integers)."""
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+
+class WindowBatches(torch.utils.data.Dataset):
+    """Step number -> (example indices per micro-batch, window trainable tokens, collated micro-batches).
+
+    Served by a ``DataLoader`` so that collating (and pinning, on CUDA) the next steps overlaps with
+    the current one when ``runtime.num_workers`` > 0; the windows themselves still come from the
+    deterministic ``WindowSampler``, so the order does not depend on the number of workers.
+    """
+
+    def __init__(self, sampler: WindowSampler, examples: list[dict], collate_fn):
+        self.sampler, self.examples, self.collate_fn = sampler, examples, collate_fn
+
+    def __getitem__(self, step: int):
+        indices, window_tokens = self.sampler.window(step)
+        return indices, window_tokens, [self.collate_fn([self.examples[i] for i in idx]) for idx in indices]
+
+
+def window_loader(batches: WindowBatches, start: int, stop: int, workers: int, pin_memory: bool):
+    """Windows ``start``..``stop - 1`` in order, prepared ``workers`` processes ahead (0: in this process)."""
+    return torch.utils.data.DataLoader(batches, batch_size=None, sampler=range(start, stop), num_workers=workers,
+                                       pin_memory=pin_memory, prefetch_factor=2 if workers else None,
+                                       # its own generator: a DataLoader iterator otherwise draws a seed from the
+                                       # global RNG, which would shift dropout after a resume (not bit-exact)
+                                       generator=torch.Generator().manual_seed(0))

@@ -1,0 +1,240 @@
+"""Rendered examples to ``input_ids`` and ``labels``, with the length policy and a report of what was kept.
+
+``labels`` are aligned with ``input_ids`` (HF convention: the model shifts them by one inside its loss);
+-100 marks a position without loss. Position 0 is always -100 because no token predicts it, so the
+count of non-(-100) labels is exactly the number of tokens the loss is taken over.
+
+Each segment of a rendering is tokenized on its own and the ids are concatenated, so the prompt's ids
+are the ones the model is given when it generates (tokenizing the joined text could merge tokens
+across the prompt/completion boundary).
+
+``show_example`` prints one tokenized example with its loss mask visible (``anyfit render``): seeing
+exactly which tokens carry loss is the quickest check that a template and mask are right.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import groupby
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+from anyfit.config import DataConfig
+from anyfit.data.sources import DataError
+from anyfit.data.formats import Example, to_examples
+from anyfit.data.templates import MissingAnswer, Rendering, check_template, render, render_prompt
+
+IGNORE_INDEX = -100
+GREEN = "\033[32m"
+GREY = "\033[90m"
+RESET = "\033[0m"
+OPEN, CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧: rarely found in training text, so the marks stay unambiguous
+
+
+@dataclass
+class DataReport:
+    """What tokenization did to the data. Lengths and token counts are over the kept examples."""
+
+    loaded: int = 0
+    truncated: int = 0
+    dropped_overlong: int = 0
+    dropped_no_target: int = 0
+    dropped_no_answer: int = 0
+    kept: int = 0
+    total_tokens: int = 0
+    trainable_tokens: int = 0
+    max_length: int = 0
+    mean_length: float = 0.0
+    length_limit: int = 0  # data.max_length
+    overlong: str = "truncate"  # data.overlong
+
+    def summary(self) -> str:
+        parts = [f"Loaded {self.loaded} examples, kept {self.kept}."]
+        if self.truncated:
+            parts.append(f"{self.truncated} were cut to data.max_length={self.length_limit} tokens.")
+        if self.dropped_overlong:
+            parts.append(f"{self.dropped_overlong} were dropped as longer than data.max_length={self.length_limit} "
+                         "(data.overlong=drop).")
+        if self.dropped_no_target:
+            parts.append(f"{self.dropped_no_target} were dropped with no trainable tokens left (the prompt fills "
+                         "data.max_length, or there is no assistant turn).")
+        if self.dropped_no_answer:
+            parts.append(f"{self.dropped_no_answer} were dropped for lack of an answer (no 'answer' field, no "
+                         "\\boxed{}) for the r1_zero template.")
+        if self.kept:
+            share = 100.0 * self.trainable_tokens / max(self.total_tokens, 1)
+            parts.append(f"{self.total_tokens:,} tokens, {self.trainable_tokens:,} trained on ({share:.0f}%); "
+                         f"longest {self.max_length}, mean {self.mean_length:.1f} tokens per example.")
+        return " ".join(parts)
+
+
+TokenizedExample = dict[str, list[int]]  # {"input_ids": [...], "labels": [...]}
+
+
+def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence[Example],
+                     tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> tuple[list[TokenizedExample], DataReport]:
+    """Tokenize raw records (normalised with ``cfg``) or Examples; apply ``cfg.max_length``/``cfg.overlong``.
+
+    Returns ``[{"input_ids": [...], "labels": [...]}, ...]`` (unpadded) and the report. Raises
+    DataError if no example is left, saying which filter removed them and which setting to change.
+    """
+    if not records_or_examples:
+        raise DataError("No examples to tokenize: the dataset is empty.")
+    check_template(cfg)
+    if isinstance(records_or_examples[0], Example):
+        examples = list(records_or_examples)
+    else:
+        examples = to_examples(records_or_examples, cfg)
+    report = DataReport(loaded=len(examples), length_limit=cfg.max_length, overlong=cfg.overlong)
+
+    if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
+        pairs = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
+    else:
+        renderings: list[Rendering] = []
+        for example in examples:
+            try:
+                renderings.append(render(example, tokenizer, cfg))
+            except MissingAnswer:
+                report.dropped_no_answer += 1
+        pairs = _tokenize_renderings(renderings, tokenizer, cfg)
+
+    out: list[TokenizedExample] = []
+    for input_ids, labels in pairs:
+        if len(input_ids) > cfg.max_length:
+            if cfg.overlong == "drop":
+                report.dropped_overlong += 1
+                continue
+            input_ids, labels = input_ids[: cfg.max_length], labels[: cfg.max_length]
+            if _count_trained(labels):
+                report.truncated += 1
+        n_trained = _count_trained(labels)
+        if n_trained == 0:
+            report.dropped_no_target += 1
+            continue
+        out.append({"input_ids": input_ids, "labels": labels})
+        report.total_tokens += len(input_ids)
+        report.trainable_tokens += n_trained
+        report.max_length = max(report.max_length, len(input_ids))
+
+    report.kept = len(out)
+    report.mean_length = report.total_tokens / report.kept if report.kept else 0.0
+    if not out:
+        raise DataError(_nothing_left(report))
+    return out, report
+
+
+def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase,
+                     cfg: DataConfig) -> tuple[list[int], list[int]]:
+    """(input_ids, labels) of one example, before the length policy (for inspecting a single example)."""
+    if example.kind == "tokens":
+        return _pretokenized(example, cfg, len(tokenizer))
+    ((input_ids, labels),) = _tokenize_renderings([render(example, tokenizer, cfg)], tokenizer, cfg)
+    return input_ids, labels
+
+
+def prompt_token_ids(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> list[int]:
+    """The ids the model is given to generate this example's (last) answer: the same ids as in training."""
+    # Chat templates write their own BOS; the text templates get the tokenizer's (as in `render`).
+    prefix = _special_prefix(tokenizer) if cfg.template != "chat" else []
+    return prefix + _encode([render_prompt(example, tokenizer, cfg)], tokenizer)[0]
+
+
+def show_example(input_ids: list[int], labels: list[int], tokenizer: PreTrainedTokenizerBase, color: bool) -> str:
+    """The decoded example, trained tokens green and masked ones grey (``color``), or trained spans
+    wrapped in ⟦ ⟧ (no color); then a line with the token counts."""
+    if len(input_ids) != len(labels):
+        raise ValueError(f"input_ids ({len(input_ids)}) and labels ({len(labels)}) differ in length.")
+    pieces = []
+    # Decoding whole spans (not token by token) keeps multi-byte characters intact inside a span.
+    for trained, group in groupby(zip(input_ids, labels), key=lambda pair: pair[1] != IGNORE_INDEX):
+        text = tokenizer.decode([tok for tok, _ in group], skip_special_tokens=False)
+        if color:
+            pieces.append(f"{GREEN if trained else GREY}{text}{RESET}")
+        else:
+            pieces.append(f"{OPEN}{text}{CLOSE}" if trained else text)
+    n_trained = _count_trained(labels)
+    share = 100.0 * n_trained / max(len(input_ids), 1)
+    return "".join(pieces) + f"\n{len(input_ids)} tokens, {n_trained} trained ({share:.0f}%)"
+
+
+def _tokenize_renderings(renderings: Sequence[Rendering], tokenizer: PreTrainedTokenizerBase,
+                         cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
+    eos = tokenizer.eos_token_id
+    if cfg.add_eos and eos is None:
+        raise DataError("data.add_eos is on but the tokenizer has no EOS token; set data.add_eos=false or use a "
+                        "tokenizer with one.")
+    prefix = _special_prefix(tokenizer)
+    # One batched call: the fast tokenizer encodes the whole list in parallel.
+    encoded = iter(_encode([s.text for r in renderings for s in r.segments], tokenizer))
+    results = []
+    for rendering in renderings:
+        input_ids: list[int] = list(prefix) if rendering.add_special_tokens else []
+        trained: list[bool] = [False] * len(input_ids)
+        for segment in rendering.segments:
+            ids = next(encoded)
+            input_ids += ids
+            trained += [segment.trained] * len(ids)
+        # The model must learn to stop: end the last trained segment with EOS unless it already does
+        # (Qwen's chat template ends turns with <|im_end|>, its EOS). The EOS goes at the very end, after
+        # the final trained segment, so earlier turns look exactly as the chat template renders them.
+        if cfg.add_eos and rendering.segments[-1].trained and input_ids[-1:] != [eos]:
+            input_ids.append(eos)
+            trained.append(True)
+        labels = [tok if (t or cfg.train_on == "all") else IGNORE_INDEX for tok, t in zip(input_ids, trained)]
+        if labels:
+            labels[0] = IGNORE_INDEX  # nothing predicts the first token
+        results.append((input_ids, labels))
+    return results
+
+
+def _pretokenized(example: Example, cfg: DataConfig, vocab_size: int) -> tuple[list[int], list[int]]:
+    ids = example.input_ids
+    bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise DataError(f"Record {example.index}: token id {bad} is outside the tokenizer's vocabulary "
+                        f"(0..{vocab_size - 1}); the data was tokenized with another tokenizer.")
+    mask = example.completion_mask if example.completion_mask is not None and cfg.train_on == "completion" \
+        else [1] * len(ids)
+    labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
+    labels[0] = IGNORE_INDEX  # nothing predicts the first token
+    return list(ids), labels
+
+
+def _encode(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    # Special tokens written in the text (a chat template's <|im_start|>) are still recognised as such.
+    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+
+
+def _special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The ids the tokenizer puts before a text with ``add_special_tokens=True`` (Llama's BOS; none for Qwen).
+
+    Found by comparing both encodings of a probe text: only the leading part is kept, since a
+    tokenizer that also appends EOS would put it after the prompt, where it does not belong.
+    """
+    probe = "Hello"
+    plain = tokenizer(probe, add_special_tokens=False)["input_ids"]
+    special = tokenizer(probe, add_special_tokens=True)["input_ids"]
+    for start in range(len(special) - len(plain) + 1):
+        if special[start:start + len(plain)] == plain:
+            return special[:start]
+    return []
+
+
+def _count_trained(labels: list[int]) -> int:
+    return sum(1 for x in labels if x != IGNORE_INDEX)
+
+
+def _nothing_left(report: DataReport) -> str:
+    reasons = []
+    if report.dropped_overlong:
+        reasons.append(f"{report.dropped_overlong} longer than data.max_length={report.length_limit} (set "
+                       "data.overlong=truncate or raise data.max_length)")
+    if report.dropped_no_target:
+        reasons.append(f"{report.dropped_no_target} with no trainable tokens (the prompt alone fills "
+                       "data.max_length: raise it; or the data has no assistant turns/completions)")
+    if report.dropped_no_answer:
+        reasons.append(f"{report.dropped_no_answer} without an answer for r1_zero (map data.fields: {{answer: ...}} "
+                       "or use solutions with \\boxed{})")
+    return (f"No training examples left out of {report.loaded}: " + "; ".join(reasons) + ".")

@@ -1,0 +1,583 @@
+"""Inference back ends behind one interface: ``backend.generate(prompts, params) -> list[Completion]``.
+
+- ``TransformersBackend`` runs everywhere (CPU, MPS, CUDA): batched, left-padded, KV cache, greedy or
+  seeded sampling, stop strings. It wraps an already-loaded model, so the training loop can use it too.
+- ``VLLMBackend`` is the fast path on CUDA when ``vllm`` is installed (``pip install 'anyfit[vllm]'``).
+
+A prompt is either a string (a user message rendered with the chat template, or raw text with
+``params.chat=False``) or a list of token ids used as they are (evaluation passes the exact ids the
+training pipeline builds, ``anyfit.data.tokenization.prompt_token_ids``). Strings are rendered by that same
+pipeline, so a prompt typed at ``anyfit generate`` gets the tokens it would get in training.
+
+Sampling settings a checkpoint ships in its ``generation_config.json`` (Qwen's repetition_penalty=1.05,
+top_k=20, ...) are NOT applied: every knob is set explicitly, so both back ends decode the same way and
+greedy means greedy.
+
+``load_for_inference`` reads a hub id or folder, a full fine-tune's output folder, or a LoRA output
+folder (``adapter_config.json``: the base comes from ``base_model_name_or_path`` and the adapter is
+applied with PEFT, optionally merged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+from anyfit.config import ConfigError, DataConfig, ModelConfig
+from anyfit.data.formats import Example
+from anyfit.model.loading import ModelSource
+
+Prompt = str | list[int]
+FinishReason = Literal["eos", "stop", "length"]
+BatchSize = int | Literal["auto"]
+BACKENDS = ("auto", "vllm", "transformers")
+# Largest batch "auto" picks per device: beyond these the speed-up is small and latency per batch grows.
+AUTO_BATCH_CAP = {"cpu": 64, "mps": 64, "cuda": 256}
+
+
+class BackendUnavailable(ConfigError):
+    """The requested inference back end cannot run here; the message says what to do instead."""
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """How to decode. ``temperature == 0`` is greedy; otherwise sampling with ``top_p``, repeatable with ``seed``."""
+
+    max_new_tokens: int = 512
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()  # the text is cut at the first one; generation stops when every row has one
+    include_stop: bool = False  # keep the stop string at the end of the text (e.g. a closing </answer>)
+    chat: bool = True  # string prompts: render as a user message with the chat template (False: raw text)
+    system_prompt: str | None = None  # for chat-rendered string prompts
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.stop, str):  # a bare string would be read as one stop string per character
+            object.__setattr__(self, "stop", (self.stop,))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated answer. ``num_tokens`` counts generated tokens (the final EOS included);
+    ``finish_reason``: ``eos`` (the model ended it), ``stop`` (a stop string), ``length`` (max_new_tokens)."""
+
+    text: str
+    num_tokens: int
+    finish_reason: FinishReason
+    prompt_tokens: int = 0
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """What every back end offers. ``tokenizer`` is the HF tokenizer prompts are rendered with."""
+
+    name: str
+    tokenizer: object
+
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams) -> list[Completion]: ...
+
+
+# --------------------------------------------------------------------------------------------------
+# Choosing a back end
+
+
+def vllm_available() -> bool:
+    """Whether ``import vllm`` works (not only whether it is installed: a broken build counts as absent)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001 - ImportError, or a CUDA/ABI error raised while importing
+        return False
+    return True
+
+
+def select_backend(kind: str, device: str) -> Literal["vllm", "transformers"]:
+    """Resolve ``auto | vllm | transformers`` for ``device``. auto takes vLLM only on CUDA with vllm
+    importable; vLLM is never chosen off CUDA, and asking for it where it cannot run is an error."""
+    if kind not in BACKENDS:
+        raise ConfigError(f"Unknown inference backend {kind!r}; use one of {', '.join(BACKENDS)}.")
+    if kind == "transformers":
+        return "transformers"
+    if device != "cuda":
+        if kind == "vllm":
+            raise BackendUnavailable(f"The vllm backend runs on CUDA GPUs only, and the device here is {device}. "
+                                     "Use --backend transformers (or auto).")
+        return "transformers"
+    # Only now is vllm imported: it takes seconds, and CPU/MPS runs never need it.
+    if vllm_available():
+        return "vllm"
+    if kind == "vllm":
+        raise BackendUnavailable("--backend vllm was asked for, but 'import vllm' fails here. Install it with "
+                                 "pip install 'anyfit[vllm]' (CUDA only), or use --backend transformers (or auto).")
+    return "transformers"
+
+
+def pick_device(requested: str = "auto") -> str:
+    """``auto`` -> cuda > mps > cpu; an explicit device is checked to exist."""
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
+    if requested == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device cuda was asked for, but no CUDA GPU is visible. Use device auto or cpu.")
+    if requested == "mps" and not mps:
+        raise ConfigError("device mps was asked for, but the MPS backend is not available. Use device auto or cpu.")
+    if requested not in ("cuda", "mps", "cpu"):
+        raise ConfigError(f"Unknown device {requested!r}; use auto, cuda, mps or cpu.")
+    return requested
+
+
+def make_backend(model: str | Path, backend: str = "auto", device: str = "auto", batch_size: BatchSize = "auto",
+                 dtype: str = "auto", merge_lora: bool = False, tokenizer: str | None = None,
+                 trust_remote_code: bool = False, revision: str | None = None, seed: int = 0) -> InferenceBackend:
+    """Load ``model`` (hub id, folder, training output dir, LoRA output dir) into the chosen back end."""
+    device = pick_device(device)
+    if select_backend(backend, device) == "vllm":
+        return VLLMBackend(model, dtype=dtype, merge_lora=merge_lora, tokenizer=tokenizer,
+                           trust_remote_code=trust_remote_code, revision=revision, seed=seed)
+    hf_model, hf_tokenizer = load_for_inference(model, device, dtype, merge_lora=merge_lora, tokenizer=tokenizer,
+                                                trust_remote_code=trust_remote_code, revision=revision)
+    return TransformersBackend(hf_model, hf_tokenizer, batch_size=batch_size)
+
+
+# --------------------------------------------------------------------------------------------------
+# Finding and loading a model
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where the pieces of a model for inference live. ``adapter`` is set for a LoRA output folder."""
+
+    base: str  # hub id or folder of the (base) weights
+    tokenizer: str  # where the tokenizer is read from
+    adapter: str | None = None
+    gguf_file: str | None = None
+
+
+def locate_model(name_or_path: str | Path, tokenizer: str | None = None, revision: str | None = None) -> ModelLocation:
+    """Tell a LoRA output folder from a full model (folder, GGUF file or hub id) and find its tokenizer."""
+    spec = str(name_or_path)
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        adapter_cfg = json.loads((path / "adapter_config.json").read_text())
+        base = adapter_cfg.get("base_model_name_or_path")
+        if not base:
+            raise ConfigError(f"{path}/adapter_config.json has no base_model_name_or_path: cannot tell which base "
+                              "model the adapter belongs to.")
+        base = _base_from_training_config(path, base)
+        has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+        src = ModelSource.from_config(ModelConfig(name_or_path=base, revision=revision))
+        tok = tokenizer or (str(path) if has_tokenizer else src.path)
+        return ModelLocation(base=src.path, tokenizer=tok, adapter=str(path), gguf_file=src.gguf_file)
+    if path.is_dir() and not (path / "config.json").is_file():
+        checkpoints = sorted((p for p in path.glob("checkpoint-*") if p.is_dir()),
+                             key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
+        hint = (f" It holds checkpoints; the newest is {checkpoints[-1]} (pass that folder)." if checkpoints else
+                " Is the training run finished? The final model is written when it ends.")
+        raise ConfigError(f"{path} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json).{hint}")
+    src = ModelSource.from_config(ModelConfig(name_or_path=spec, revision=revision))
+    return ModelLocation(base=src.path, tokenizer=tokenizer or src.path, gguf_file=src.gguf_file)
+
+
+def _base_from_training_config(adapter_dir: Path, base: str) -> str:
+    """PEFT records the folder a GGUF base was read from, which holds no config.json; anyfit's config.yaml
+    in the same output folder names the actual file."""
+    local = Path(base).expanduser()
+    cfg_file = adapter_dir / "config.yaml"
+    if local.is_dir() and not (local / "config.json").is_file() and cfg_file.is_file():
+        import yaml
+
+        model = (yaml.safe_load(cfg_file.read_text()) or {}).get("model", {})
+        if model.get("name_or_path"):
+            name = model["name_or_path"]
+            if model.get("gguf_file") and not name.endswith(".gguf"):
+                return str(Path(name) / model["gguf_file"])
+            return name
+    return base
+
+
+def inference_dtype(device: str, dtype: str | torch.dtype = "auto") -> torch.dtype:
+    """auto: bf16 on CUDA with native bf16 (fp16 before Ampere), fp16 on MPS, fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype != "auto":
+        return getattr(torch, dtype)
+    if device == "cuda":
+        return torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16
+    return torch.float16 if device == "mps" else torch.float32
+
+
+def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str | torch.dtype = "auto", *,
+                       merge_lora: bool = False, tokenizer: str | None = None, trust_remote_code: bool = False,
+                       revision: str | None = None):
+    """``(model, tokenizer)`` ready to generate: eval mode, on ``device``, no gradients required.
+
+    A LoRA output folder loads its base model and applies the adapter with PEFT; ``merge_lora`` folds the
+    adapter into the weights (faster generation, no PEFT wrapper left).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loc = locate_model(name_or_path, tokenizer, revision)
+    common = dict(trust_remote_code=trust_remote_code, revision=revision)
+    tok = AutoTokenizer.from_pretrained(loc.tokenizer, **({"gguf_file": loc.gguf_file}
+                                                           if loc.tokenizer == loc.base and loc.gguf_file else {}),
+                                        **common)
+    if tok.pad_token is None:  # padding is masked out, so EOS is a safe pad
+        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
+    kwargs = dict(dtype=inference_dtype(device, dtype), **common)
+    if loc.gguf_file:
+        kwargs["gguf_file"] = loc.gguf_file
+    model = AutoModelForCausalLM.from_pretrained(loc.base, **kwargs)
+    if loc.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, loc.adapter, is_trainable=False)
+        if merge_lora:
+            model = model.merge_and_unload()
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model, tok
+
+
+# --------------------------------------------------------------------------------------------------
+# Prompts
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParams) -> list[list[int]]:
+    """Token ids of each prompt, built by the training pipeline: chat-rendered (``params.chat``) or raw text.
+
+    Raw text gets the tokenizer's leading special tokens (Llama's BOS) exactly as the training templates do.
+    """
+    from anyfit.data.tokenization import prompt_token_ids
+
+    chat = DataConfig(template="chat", system_prompt=params.system_prompt)
+    raw = DataConfig(template="{prompt}")  # the text, verbatim
+    out = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            example = Example("prompt_completion", index=i, prompt=p, completion="")
+            out.append(prompt_token_ids(example, tokenizer, chat if params.chat else raw))
+        else:
+            out.append([int(t) for t in p])
+        if not out[-1]:
+            raise ValueError(f"prompt {i} is empty")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Batch size for generation
+
+
+def kv_cache_bytes_per_row(model_config, tokens: int, bytes_per_value: int) -> int:
+    """Bytes the KV cache of one sequence of ``tokens`` takes: 2 (K and V) x layers x kv_heads x head_dim x tokens."""
+    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    layers = _first_attr(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
+    heads = _first_attr(cfg, ("num_attention_heads", "n_head", "num_heads"))
+    kv_heads = _first_attr(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), default=heads)
+    hidden = _first_attr(cfg, ("hidden_size", "n_embd", "d_model"))
+    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
+    return 2 * layers * kv_heads * head_dim * tokens * bytes_per_value
+
+
+def _first_attr(cfg, names: tuple[str, ...], default: int | None = None) -> int:
+    for n in names:
+        v = getattr(cfg, n, None)
+        if isinstance(v, int) and v > 0:
+            return v
+    if default is None:
+        raise ValueError(f"the model config has none of {names}; give the batch size explicitly")
+    return default
+
+
+def plan_batch_size(free_bytes: int, kv_bytes_per_row: int, weight_bytes: int = 0, cap: int = 64,
+                    usable_fraction: float = 0.8) -> int:
+    """Rows that fit: (free memory x usable_fraction - weights still to be loaded) / KV cache per row, in [1, cap].
+
+    The fraction leaves room for activations, the logits of the last position and allocator slack.
+    """
+    budget = free_bytes * usable_fraction - weight_bytes
+    if kv_bytes_per_row <= 0:
+        return cap
+    return max(1, min(cap, int(budget // kv_bytes_per_row)))
+
+
+def free_memory_bytes(device: str) -> int:
+    """Memory still free for generation on ``device`` (weights already loaded there are already taken)."""
+    if device.startswith("cuda"):
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        return int(free)
+    if device == "mps":
+        return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
+    import psutil  # a dependency of accelerate
+
+    return int(psutil.virtual_memory().available)
+
+
+def auto_batch_size(model, prompt_tokens: int, max_new_tokens: int, num_prompts: int | None = None,
+                    weights_loaded: bool = True) -> int:
+    """A generation batch size for ``model`` on its device: free memory over the KV cache one row needs."""
+    param = next(model.parameters())
+    device = param.device.type if param.device.type != "cuda" else str(param.device)
+    weights = 0 if weights_loaded else sum(p.numel() * p.element_size() for p in model.parameters())
+    per_row = kv_cache_bytes_per_row(model.config, prompt_tokens + max_new_tokens, param.element_size())
+    cap = AUTO_BATCH_CAP[param.device.type]
+    if num_prompts:
+        cap = min(cap, num_prompts)
+    return plan_batch_size(free_memory_bytes(device), per_row, weights, cap)
+
+
+# --------------------------------------------------------------------------------------------------
+# Transformers
+
+
+@contextlib.contextmanager
+def _eval_mode(model):
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device):
+    """Seed the sampling RNG without disturbing the caller's (a training run's) RNG stream."""
+    if seed is None:
+        yield
+        return
+    devices = []
+    if device.type == "cuda":
+        devices = [device.index if device.index is not None else torch.cuda.current_device()]
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+@dataclass
+class TransformersBackend:
+    """``model.generate`` on batches of left-padded prompts, longest first, with the KV cache.
+
+    Works on any loaded causal LM, including a PEFT model in the middle of training: it switches to eval
+    mode under ``torch.inference_mode`` and restores the training mode afterwards.
+    """
+
+    model: object
+    tokenizer: object
+    batch_size: BatchSize = "auto"
+    name: str = field(default="transformers", init=False)
+
+    def __post_init__(self) -> None:
+        if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or self.batch_size < 1):
+            raise ValueError(f"batch_size must be >= 1 or 'auto', got {self.batch_size!r}")
+
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams) -> list[Completion]:
+        if not prompts:
+            return []
+        ids = encode_prompts(self.tokenizer, prompts, params)
+        model, tok = self.model, self.tokenizer
+        eos_ids = eos_token_ids(model, tok)
+        pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+        gen_config = _generation_config(params, eos_ids, pad_id)
+        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        batch = self.batch_size
+        if batch == "auto":
+            batch = auto_batch_size(model, len(ids[order[0]]), params.max_new_tokens, len(ids))
+        device = next(model.parameters()).device
+        outputs: list[Completion | None] = [None] * len(ids)
+        extra = {"tokenizer": tok} if params.stop else {}  # stop_strings need the tokenizer's vocabulary
+        with torch.inference_mode(), _eval_mode(model), _seeded(params.seed, device):
+            start = 0
+            while start < len(order):
+                rows = order[start:start + batch]
+                width = max(len(ids[i]) for i in rows)
+                input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+                attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+                for r, i in enumerate(rows):  # left padding: every row's last prompt token is in the last column
+                    input_ids[r, width - len(ids[i]):] = torch.tensor(ids[i])
+                    attention_mask[r, width - len(ids[i]):] = 1
+                try:
+                    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                         generation_config=gen_config, **extra)
+                except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
+                    if not _is_oom(e) or batch == 1:
+                        raise
+                    # The memory estimate leaves out activations; halve and redo this batch.
+                    batch = max(1, batch // 2)
+                    _release_cached_memory(device)
+                    print(f"[anyfit] generation ran out of memory; retrying with batch size {batch}", file=sys.stderr)
+                    continue
+                for r, i in enumerate(rows):
+                    outputs[i] = _finish(tok, out[r, width:].tolist(), eos_ids, params, len(ids[i]))
+                start += len(rows)
+        return outputs  # type: ignore[return-value]
+
+
+def _is_oom(e: BaseException) -> bool:
+    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+
+
+def _release_cached_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    elif device.type == "mps":
+        torch.mps.empty_cache()
+
+
+def _generation_config(params: GenerationParams, eos_ids: list[int], pad_id: int):
+    from transformers import GenerationConfig
+
+    # Every decoding knob is set, so nothing is filled in from the checkpoint's generation_config.json.
+    neutral = dict(repetition_penalty=1.0, no_repeat_ngram_size=0, min_new_tokens=0, num_beams=1,
+                   num_return_sequences=1)
+    # Warpers act only when sampling (and transformers warns about them otherwise).
+    sampling = {} if params.greedy else dict(temperature=params.temperature, top_p=params.top_p, top_k=0, min_p=0.0,
+                                             typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0)
+    return GenerationConfig(do_sample=not params.greedy, max_new_tokens=params.max_new_tokens, eos_token_id=eos_ids,
+                            pad_token_id=pad_id, use_cache=True, stop_strings=list(params.stop) or None,
+                            **neutral, **sampling)
+
+
+def _finish(tokenizer, tokens: list[int], eos_ids: list[int], params: GenerationParams,
+            prompt_tokens: int) -> Completion:
+    """Text, token count and finish reason of one generated row (rows that finished early are padded)."""
+    end = next((k for k, t in enumerate(tokens) if t in eos_ids), None)
+    body = tokens if end is None else tokens[:end]
+    text = tokenizer.decode(body, skip_special_tokens=True)
+    cut = _first_stop(text, params.stop)
+    if cut is not None:
+        at, stop = cut
+        # The fewest tokens whose text holds the stop string: the row ended there.
+        lo, hi = 1, len(body)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if stop in tokenizer.decode(body[:mid], skip_special_tokens=True):
+                hi = mid
+            else:
+                lo = mid + 1
+        return Completion(text[:at + len(stop)] if params.include_stop else text[:at], lo, "stop", prompt_tokens)
+    if end is not None:
+        return Completion(text, end + 1, "eos", prompt_tokens)
+    return Completion(text, len(tokens), "length", prompt_tokens)
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    return min(hits) if hits else None
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Token ids that end an answer: the tokenizer's EOS plus any the model's generation config names."""
+    ids: list[int] = []
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for i in ([gen_eos] if isinstance(gen_eos, int) else (gen_eos or [])):
+        if i not in ids:
+            ids.append(i)
+    if not ids:
+        raise ValueError("neither the tokenizer nor the model's generation config defines an EOS token")
+    return ids
+
+
+# --------------------------------------------------------------------------------------------------
+# vLLM
+
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class VLLMBackend:
+    """vLLM's offline engine on CUDA. A LoRA output folder is served with a ``LoRARequest`` on its base
+    model, or merged into a temporary folder first (``merge_lora``)."""
+
+    name = "vllm"
+
+    def __init__(self, model: str | Path, *, dtype: str = "auto", merge_lora: bool = False,
+                 tokenizer: str | None = None, trust_remote_code: bool = False, revision: str | None = None,
+                 seed: int = 0, gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
+                 **engine_kwargs) -> None:
+        select_backend("vllm", pick_device("auto"))  # a clear error off CUDA or without vllm
+        import vllm
+        from transformers import AutoTokenizer
+
+        loc = locate_model(model, tokenizer, revision)
+        if loc.gguf_file:
+            raise BackendUnavailable(f"{model}: GGUF weights are not served with vLLM by anyfit; use --backend "
+                                     "transformers, or convert the model to a safetensors folder first.")
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.lora_request = None
+        weights = loc.base
+        if loc.adapter and merge_lora:
+            # Merged on the CPU in the serving dtype, written once, served as a plain model.
+            self._tmp = tempfile.TemporaryDirectory(prefix="anyfit-merged-")
+            merged, tok = load_for_inference(model, "cpu", "bfloat16" if dtype == "auto" else dtype, merge_lora=True,
+                                             tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                                             revision=revision)
+            merged.save_pretrained(self._tmp.name)
+            tok.save_pretrained(self._tmp.name)
+            weights = self._tmp.name
+            loc = ModelLocation(base=weights, tokenizer=weights)
+            del merged
+        elif loc.adapter:
+            from vllm.lora.request import LoRARequest
+
+            rank = int(json.loads((Path(loc.adapter) / "adapter_config.json").read_text()).get("r", 16))
+            engine_kwargs.setdefault("enable_lora", True)
+            engine_kwargs.setdefault("max_lora_rank", next((r for r in _VLLM_LORA_RANKS if r >= rank), rank))
+            self.lora_request = LoRARequest("anyfit-adapter", 1, loc.adapter)
+        self.tokenizer = AutoTokenizer.from_pretrained(loc.tokenizer, trust_remote_code=trust_remote_code)
+        self.llm = vllm.LLM(model=weights, tokenizer=loc.tokenizer, dtype=dtype, seed=seed,
+                            trust_remote_code=trust_remote_code, gpu_memory_utilization=gpu_memory_utilization,
+                            max_model_len=max_model_len,
+                            **({"revision": revision} if revision and not self._tmp else {}), **engine_kwargs)
+
+    def generate(self, prompts: Sequence[Prompt], params: GenerationParams) -> list[Completion]:
+        from vllm import SamplingParams
+
+        if not prompts:
+            return []
+        ids = encode_prompts(self.tokenizer, prompts, params)
+
+        def sampling(i: int) -> SamplingParams:
+            # One seed per prompt: a row's sample does not depend on the other rows.
+            seed = None if params.greedy or params.seed is None else params.seed + i
+            return SamplingParams(n=1, temperature=params.temperature, top_p=1.0 if params.greedy else params.top_p,
+                                  max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
+                                  include_stop_str_in_output=params.include_stop, seed=seed,
+                                  skip_special_tokens=True)
+
+        outs = self.llm.generate([{"prompt_token_ids": p} for p in ids], [sampling(i) for i in range(len(ids))],
+                                 lora_request=self.lora_request, use_tqdm=False)
+        completions = []
+        for p, out in zip(ids, outs):
+            o = out.outputs[0]
+            if o.finish_reason == "length":
+                reason: FinishReason = "length"
+            else:  # "stop": a stop string (stop_reason is the string) or EOS / a stop token (None or an id)
+                reason = "stop" if isinstance(o.stop_reason, str) else "eos"
+            completions.append(Completion(o.text, len(o.token_ids), reason, len(p)))
+        return completions
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+

@@ -1,0 +1,166 @@
+"""Runtime policy: which device and precision a run uses, decided once, with the reason printed.
+
+The hardware is read through a small ``Hardware`` record so the decision itself is a pure function
+that tests can drive with any machine (a T4, an H100, a Mac) without having one.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import sys
+from dataclasses import dataclass, field
+
+import torch
+
+from anyfit.config import ConfigError, RuntimeConfig
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """What the machine offers, as far as the policy cares."""
+
+    cuda: bool
+    cuda_name: str = ""
+    cuda_capability: tuple[int, int] = (0, 0)
+    cuda_count: int = 0
+    mps: bool = False
+
+    @staticmethod
+    def detect() -> "Hardware":
+        if torch.cuda.is_available():
+            return Hardware(cuda=True, cuda_name=torch.cuda.get_device_name(0),
+                            cuda_capability=torch.cuda.get_device_capability(0),
+                            cuda_count=torch.cuda.device_count(),
+                            mps=False)
+        mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+        return Hardware(cuda=False, mps=mps)
+
+    @property
+    def native_bf16(self) -> bool:
+        # torch.cuda.is_bf16_supported() says True on a T4 (sm_75) because bf16 is emulated there,
+        # at a fraction of fp16 speed. Native bf16 tensor cores start with Ampere (sm_80).
+        return self.cuda and self.cuda_capability >= (8, 0)
+
+
+@dataclass(frozen=True)
+class RuntimePolicy:
+    """The resolved decision. ``mixed_precision`` is what HF Accelerate is told."""
+
+    device: str  # "cuda" | "mps" | "cpu"
+    precision: str  # "fp32" | "bf16" | "fp16"
+    tf32: bool
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def mixed_precision(self) -> str:
+        return {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}[self.precision]
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+
+    def describe(self) -> str:
+        lines = [f"device={self.device} precision={self.precision} tf32={'on' if self.tf32 else 'off'}"]
+        lines += [f"  - {r}" for r in self.reasons]
+        return "\n".join(lines)
+
+
+def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool = False) -> RuntimePolicy:
+    """Pick device and precision from the config and the hardware; refuse impossible requests."""
+    hw = hw or Hardware.detect()
+    reasons: list[str] = []
+
+    if cfg.device == "auto":
+        if hw.cuda:
+            device = "cuda"
+            reasons.append(f"device cuda: {hw.cuda_name or 'a CUDA GPU'} found (auto prefers cuda > mps > cpu)")
+        elif hw.mps:
+            device = "mps"
+            reasons.append("device mps: Apple GPU found, no CUDA (auto prefers cuda > mps > cpu)")
+        else:
+            device = "cpu"
+            reasons.append("device cpu: no CUDA or MPS device found")
+    else:
+        device = cfg.device
+        if device == "cuda" and not hw.cuda:
+            raise ConfigError("runtime.device=cuda but no CUDA GPU is visible (torch.cuda.is_available() is False). "
+                              "Use runtime.device=auto, or install a CUDA build of torch on a machine with a GPU.")
+        if device == "mps" and not hw.mps:
+            raise ConfigError("runtime.device=mps but the MPS backend is not available (Apple Silicon with macOS 12.3+ "
+                              "is needed). Use runtime.device=auto or cpu.")
+        reasons.append(f"device {device}: asked for in the config")
+
+    if qlora and device != "cuda":
+        raise ConfigError(f"lora.qlora=true needs a CUDA GPU (bitsandbytes 4-bit kernels), but the device is {device}. "
+                          "Use plain LoRA (lora.qlora=false) here; on a Mac, LoRA in fp32 fits models up to ~3B in 16 GB.")
+
+    precision = cfg.precision
+    if precision == "auto":
+        if device == "cuda":
+            if hw.native_bf16:
+                precision = "bf16"
+                reasons.append(f"precision bf16: compute capability {hw.cuda_capability[0]}.{hw.cuda_capability[1]} "
+                               "has native bf16; same range as fp32, no loss scaling needed")
+            else:
+                precision = "fp16"
+                reasons.append(f"precision fp16 with loss scaling: compute capability {hw.cuda_capability[0]}."
+                               f"{hw.cuda_capability[1]} has no native bf16 (emulated bf16 is slow)")
+        else:
+            precision = "fp32"
+            reasons.append(f"precision fp32: mixed precision on {device} gives NaNs (fp16) or little speed; "
+                           "bf16 on MPS only when asked")
+    else:
+        if precision == "fp16" and device != "cuda":
+            raise ConfigError(f"runtime.precision=fp16 on {device}: fp16 training needs CUDA's loss scaling and gives "
+                              "NaN losses on MPS/CPU. Use runtime.precision=fp32 (or bf16 on MPS if you accept the risk).")
+        if precision == "bf16" and device == "cuda" and not hw.native_bf16:
+            raise ConfigError(f"runtime.precision=bf16 on {hw.cuda_name or 'this GPU'} (compute capability "
+                              f"{hw.cuda_capability[0]}.{hw.cuda_capability[1]}): bf16 is only emulated before Ampere "
+                              "(8.0) and runs very slowly. Use runtime.precision=fp16 (loss-scaled) or auto.")
+        if precision == "bf16" and device == "cpu":
+            raise ConfigError("runtime.precision=bf16 on cpu is not supported by anyfit: CPU autocast in bf16 is slow "
+                              "on most CPUs and loses precision. Use runtime.precision=fp32.")
+        reasons.append(f"precision {precision}: asked for in the config")
+
+    tf32 = bool(cfg.tf32 and device == "cuda" and hw.cuda_capability >= (8, 0))
+    if device == "cuda":
+        reasons.append("tf32 " + ("on: fp32 matmuls use TF32 tensor cores" if tf32 else
+                                  "off: " + ("disabled in the config" if not cfg.tf32 else "GPU has no TF32")))
+    return RuntimePolicy(device=device, precision=precision, tf32=tf32, reasons=tuple(reasons))
+
+
+def apply_policy(policy: RuntimePolicy) -> None:
+    """Process-wide switches that follow from the policy (TF32)."""
+    if policy.device == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = policy.tf32
+        torch.backends.cudnn.allow_tf32 = policy.tf32
+
+
+def memory_summary() -> list[str]:
+    """Total/available memory of the host and of each accelerator."""
+    import psutil  # a dependency of accelerate
+
+    vm = psutil.virtual_memory()
+    lines = [f"host memory: {vm.total / 2**30:.1f} GiB total, {vm.available / 2**30:.1f} GiB available, "
+             f"{os.cpu_count()} CPU cores"]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            free, total = torch.cuda.mem_get_info(i)
+            lines.append(f"cuda:{i} {torch.cuda.get_device_name(i)}: {total / 2**30:.1f} GiB total, "
+                         f"{free / 2**30:.1f} GiB free, capability {torch.cuda.get_device_capability(i)}")
+    elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        lines.append(f"mps: unified memory, recommended max {torch.mps.recommended_max_memory() / 2**30:.1f} GiB")
+    return lines
+
+
+def versions() -> dict[str, str]:
+    import accelerate
+    import peft
+    import transformers
+
+    out = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
+           "transformers": transformers.__version__, "accelerate": accelerate.__version__, "peft": peft.__version__}
+    if torch.cuda.is_available():
+        out["cuda"] = str(torch.version.cuda)
+    return out

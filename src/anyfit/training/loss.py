@@ -1,0 +1,81 @@
+"""The training loss: a *sum* of token cross-entropies, normalised by the caller.
+
+Summing here and dividing by the trainable-token count of the whole accumulation window (across all
+processes) in the loop is what makes every split of the same effective batch produce the same update;
+a mean per micro-batch would weight short and long micro-batches differently.
+
+Two things keep the output layer cheap, which matters with 150k-token vocabularies (Qwen: the logits of
+8k tokens are 2.4 GB in bf16, 4.9 GB in fp32):
+- logits are computed only at positions whose next token is trained (transformers' ``logits_to_keep``):
+  prompt tokens and padding never reach the output layer;
+- the cross-entropy is taken in fp32 one chunk of rows at a time, in forward and in backward, so fp32
+  logits are never materialised for more than ``chunk_tokens`` rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from anyfit.data.batching import IGNORE_INDEX
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
+
+
+class ChunkedCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of (N, V) logits, computed in fp32 ``chunk`` rows at a time.
+
+    Written by hand because ``F.cross_entropy`` on upcast logits saves an fp32 (N, V) log-softmax for
+    backward; here only the logits (in their own dtype) and one fp32 log-sum-exp per row are kept, and
+    backward recomputes softmax - one-hot chunk by chunk. (Liger's fused kernel does this too, on
+    CUDA with Triton only; this runs on every device.)
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+        lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
+        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        for start in range(0, logits.shape[0], chunk):
+            x = logits[start:start + chunk].float()
+            t = targets[start:start + chunk]
+            lse[start:start + chunk] = row_lse = torch.logsumexp(x, dim=-1)
+            picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+            total += torch.where(t != IGNORE_INDEX, row_lse - picked, 0.0).sum()
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.chunk = chunk
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        for start in range(0, logits.shape[0], ctx.chunk):
+            end = start + ctx.chunk
+            t = targets[start:end].unsqueeze(1)
+            row_scale = (t != IGNORE_INDEX).float() * grad_total  # 0 for ignored rows
+            # softmax - one-hot, scaled; written in place (straight into the result when it is fp32)
+            in_place = grad.dtype == torch.float32
+            g = grad[start:end] if in_place else torch.empty(grad[start:end].shape, device=grad.device)
+            torch.sub(logits[start:end].float(), lse[start:end].unsqueeze(1), out=g).exp_()
+            g.scatter_add_(1, t.clamp(min=0), -torch.ones_like(row_scale))
+            g.mul_(row_scale)
+            if not in_place:
+                grad[start:end] = g
+        return grad, None, None
+
+
+def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
+    """Summed fp32 cross-entropy over rows whose target is not IGNORE_INDEX; chunked unless chunk_tokens=0."""
+    if chunk_tokens <= 0:
+        return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    return ChunkedCrossEntropy.apply(logits, targets, chunk_tokens)
+
+
+def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
+    """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``."""
+    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    logits = model(**inputs, logits_to_keep=batch["keep"], use_cache=False).logits
+    return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens)
+
+
+def trained_tokens(batch: dict[str, torch.Tensor]) -> int:
+    return batch["keep_targets"].numel()

@@ -1,0 +1,42 @@
+"""AdamW with decoupled weight decay on matrices only, and the learning-rate schedules."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from anyfit.config import TrainConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str, fused: bool) -> torch.optim.Optimizer:
+    params = [p for p in model.parameters() if p.requires_grad]
+    # Biases and norm weights (1-D) are not decayed: decaying them only hurts (the usual GPT practice).
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [g for g in groups if g["params"]]
+    # Fused AdamW: one kernel over all parameters on CUDA and MPS, and on CPU 5x faster than the default
+    # foreach implementation (0.084 s vs 0.42 s per step for 134M fp32 parameters on the 2-core dev VM,
+    # benchmarks/kernels_cpu.py). It also lets the loop skip a non-finite update without a host sync.
+    return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
+                             fused=fused or None)
+
+
+def lr_factor(step: int, total: int, warmup: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate for the update made at ``step`` (0-based)."""
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total - warmup))
+    if schedule == "linear":
+        shape = 1.0 - progress
+    else:
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return min_ratio + (1.0 - min_ratio) * shape
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int):
+    warmup = cfg.warmup_steps or int(cfg.warmup_ratio * total_steps)
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, total_steps, warmup, cfg.lr_schedule, cfg.min_lr_ratio))

@@ -1,0 +1,116 @@
+"""Stopping: SIGTERM saves and resumes, bad resume paths, non-finite steps skipped or diagnosed."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+
+import pytest
+import torch
+from tiny_runs import (
+    STEPS,
+    metric_steps,
+    resume_config,
+    start_train,
+    wait_for,
+    write_dataset,
+)
+
+from anyfit.config import ConfigError, load_config
+from anyfit.training.divergence import TrainingDiverged
+from anyfit.training.loop import train
+from anyfit.training.loss import token_loss_sum
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
+    cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
+    out = tmp_path / "run"
+    proc = start_train(cfg, out, "train.save_every=0")
+    wait_for(lambda: len(metric_steps(out)) >= 3, proc)
+    proc.send_signal(signal.SIGTERM)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "SIGTERM received" in stdout and "train.resume=auto" in stdout
+    ckpts = sorted(out.glob("checkpoint-*"))
+    assert len(ckpts) == 1
+    stopped_at = int(ckpts[0].name.split("-")[1])
+    assert 3 <= stopped_at < STEPS and metric_steps(out)[-1] == stopped_at
+    # a plain restart into the same folder is refused; resuming finishes the run
+    again = start_train(cfg, out)
+    assert again.wait(timeout=60) == 2 and "already holds a run" in again.stderr.read()
+    done = start_train(cfg, out, "train.resume=auto", "train.save_every=0")
+    assert done.wait(timeout=300) == 0
+    assert metric_steps(out) == list(range(1, STEPS + 1))
+
+
+
+def test_resume_from_a_bad_path_is_explained(tmp_path):
+    cfg = load_config(None, ["model.name_or_path=x", "data.path=y.jsonl", f"train.output_dir={tmp_path}",
+                             f"train.resume={tmp_path / 'checkpoint-9'}"])
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        train(cfg)
+
+
+
+def _nan_at(steps: set[int]):
+    calls = {"n": 0}
+
+    def loss_fn(model, batch):
+        calls["n"] += 1
+        loss = token_loss_sum(model, batch)
+        return loss * float("nan") if calls["n"] in steps else loss
+
+    return loss_fn
+
+
+
+def test_nonfinite_steps_are_skipped(tiny_qwen2_dir, tmp_path):
+    data = write_dataset(tmp_path / "d.jsonl")
+    cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"data.path={data}", "data.template=plain",
+                             f"train.output_dir={tmp_path / 'o'}", "train.effective_batch=4", "train.micro_batch=4",
+                             "train.max_steps=6", "train.log_every=1"])
+    result = train(cfg, loss_fn=_nan_at({3, 4}))
+    assert result.skipped_steps == 2
+    assert all(torch.isfinite(p).all() for p in result.model.parameters())
+    metrics = [json.loads(x) for x in (tmp_path / "o" / "metrics.jsonl").read_text().splitlines()]
+    assert math.isnan(metrics[2]["loss"]) and math.isfinite(metrics[4]["loss"]) and metrics[-1]["skipped_steps"] == 2
+
+
+
+def test_persistent_nonfinite_stops_with_a_diagnosis(tiny_qwen2_dir, tmp_path):
+    data = write_dataset(tmp_path / "d.jsonl")
+    cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"data.path={data}", "data.template=plain",
+                             f"train.output_dir={tmp_path / 'o'}", "train.effective_batch=4", "train.micro_batch=4",
+                             "train.max_steps=10", "train.save_every=2", "train.learning_rate=0.5",
+                             "train.log_every=1"])
+    with pytest.raises(TrainingDiverged) as e:
+        train(cfg, loss_fn=_nan_at(set(range(5, 100))))
+    msg = str(e.value)
+    assert "3 optimizer steps in a row" in msg and "Device cpu" in msg and "learning rate 0.5" in msg
+    # the newest checkpoint (written during the streak, whose updates were all skipped) is named and kept
+    assert "checkpoint-6" in msg and (tmp_path / "o" / "checkpoint-6" / "trainer_state.json").exists()
+
+
+
+def test_fused_adamw_skips_a_flagged_step_on_the_device():
+    """The protocol the loop relies on to skip non-finite updates without a host sync (fused AdamW)."""
+    from anyfit.training.divergence import NonFiniteGuard
+
+    w = torch.nn.Parameter(torch.ones(3))
+    opt = torch.optim.AdamW([w], lr=0.1, fused=True)
+    guard = NonFiniteGuard(limit=2)
+    for grad in (torch.tensor([1.0, 2.0, 3.0]), torch.tensor([float("nan"), 0.0, 0.0])):
+        w.grad = grad
+        finite = torch.isfinite(grad).all()
+        opt.found_inf = (~finite).float()
+        before = w.detach().clone()
+        opt.step()
+        del opt.found_inf
+        guard.defer(finite)
+    assert torch.equal(w.detach(), before)  # the flagged update left the weights alone
+    assert opt.state[w]["step"].item() == 1  # and did not count as a step
+    assert guard.skipped == 0
+    guard.flush()
+    assert (guard.skipped, guard.in_a_row, guard.exhausted) == (1, 1, False)
+

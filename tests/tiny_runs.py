@@ -1,0 +1,84 @@
+"""Short training runs on tiny real-architecture models, shared by the integration and equivalence tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from anyfit.config import load_config
+from anyfit.training.loop import train
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+STEPS = 12
+
+
+def write_dataset(path: Path, n: int = 16) -> Path:
+    """Variable-length prompt/completion pairs: a toy mapping the tiny model can memorise."""
+    words = ["red", "green", "blue", "cyan", "gold", "pink", "gray", "navy"]
+    with path.open("w") as f:
+        for i in range(n):
+            k = 1 + i % 5
+            prompt = f"Repeat {' '.join(words[(i + j) % 8] for j in range(k))}"
+            completion = " ".join(words[(i + j) % 8] for j in range(k)) + f" #{i}"
+            f.write(json.dumps({"prompt": prompt, "completion": completion, "answer": str(i)}) + "\n")
+    return path
+
+
+def config_for(model_dir, data, out, *extra):
+    return load_config(None, [f"model.name_or_path={model_dir}", f"data.path={data}", "data.template=plain",
+                              f"train.output_dir={out}", "train.seed=0", "train.log_every=1", *extra])
+
+
+def read_metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_variants(model_dir, tmp_path, key: str, values: tuple[str, ...], *extra: str) -> dict[str, object]:
+    """Short runs on the same data that differ only in ``key`` (one per value)."""
+    data = write_dataset(tmp_path / "d.jsonl", n=16)
+    return {v: train(config_for(model_dir, data, tmp_path / v, "train.learning_rate=1e-2", f"{key}={v}", *extra),
+                     echo=lambda *a: None) for v in values}
+
+
+def same_losses(a: list[float], b: list[float], steps: int) -> bool:
+    return len(a) == len(b) == steps and all(abs(x - y) <= 1e-4 * abs(y) for x, y in zip(a, b))
+
+
+def resume_config(tmp_path: Path, model_dir: Path, lora: bool) -> Path:
+    data = write_dataset(tmp_path / "d.jsonl", n=24)
+    lora_yaml = "lora: {enabled: true, dropout: 0.2}\n" if lora else ""  # dropout: the RNG state matters
+    p = tmp_path / "c.yaml"
+    p.write_text(f"model: {{name_or_path: {model_dir}}}\ndata: {{path: {data}, template: plain}}\n{lora_yaml}"
+                 f"train: {{effective_batch: 4, micro_batch: 2, max_steps: {STEPS}, learning_rate: 1.0e-3, "
+                 "save_every: 2, keep_last: 2, seed: 0, log_every: 1}\n")
+    return p
+
+
+def start_train(cfg: Path, out: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *extra],
+                            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def final_weights(out: Path) -> dict[str, torch.Tensor]:
+    name = "adapter_model.safetensors" if (out / "adapter_model.safetensors").exists() else "model.safetensors"
+    return load_file(out / name)
+
+
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+    t0 = time.time()
+    while not predicate():
+        assert proc.poll() is None, f"run ended before the event: {proc.communicate()[1][-2000:]}"
+        assert time.time() - t0 < timeout, "timed out waiting"
+        time.sleep(0.05)
+
+
+def metric_steps(out: Path) -> list[int]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line)["step"] for line in path.read_text().splitlines()] if path.exists() else []

@@ -1,0 +1,76 @@
+from pathlib import Path
+
+import pytest
+
+from anyfit.cli import main
+from anyfit.config import Config, ConfigError, help_text, load_config
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    cfg = load_config(path)
+    assert cfg.model.name_or_path and cfg.data.path
+
+
+def test_overrides_are_typed():
+    cfg = load_config(None, ["train.learning_rate=1e-4", "lora.enabled=true", "train.micro_batch=2",
+                             "lora.target_modules=[q_proj, v_proj]", "data.fields={prompt: problem}"])
+    assert cfg.train.learning_rate == 1e-4 and cfg.lora.enabled and cfg.train.micro_batch == 2
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"] and cfg.data.fields == {"prompt": "problem"}
+
+
+def test_unknown_key_in_file_names_file_line_and_suggestion(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("model:\n  name_or_path: x\ntrain:\n  learnign_rate: 0.1\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(p)
+    msg = str(e.value)
+    assert f"{p}:4" in msg and "train.learnign_rate" in msg and "Did you mean 'train.learning_rate'" in msg
+
+
+def test_key_under_wrong_section_is_suggested():
+    with pytest.raises(ConfigError, match="Did you mean 'train.lr_schedule'"):
+        load_config(None, ["lr_schedule=cosine"])
+
+
+@pytest.mark.parametrize("override,needle", [
+    ("train.micro_batch=abc", "expected an integer"),
+    ("runtime.precision=fp8", "use one of auto, fp32, bf16, fp16"),
+    ("lora.enabled=maybe", "expected true or false"),
+    ("train.learning_rate=-1", "must be positive"),
+    ("train.effective_batch=0", "at least 1"),
+    ("nonsense", "key=value"),
+])
+def test_bad_values_name_the_key(override, needle):
+    with pytest.raises(ConfigError, match=needle):
+        load_config(None, [override])
+
+
+def test_resolved_config_round_trips(tmp_path):
+    cfg = load_config(None, ["model.name_or_path=m", "data.path=d.jsonl", "train.learning_rate=3e-4"])
+    p = tmp_path / "resolved.yaml"
+    p.write_text(cfg.to_yaml())
+    assert load_config(p) == cfg
+
+
+def test_help_lists_every_field_with_its_doc():
+    text = help_text()
+    assert "train.effective_batch" in text and "Sequences per optimizer step" in text
+    assert text.count(", default ") == sum(len(vars(s)) for s in vars(Config()).values())
+
+
+def test_cli_reports_bad_key_without_traceback(capsys):
+    assert main(["train", "train.learing_rate=1"]) == 2
+    err = capsys.readouterr().err
+    assert "Did you mean 'train.learning_rate'" in err and "Traceback" not in err
+
+
+def test_readme_config_reference_is_current():
+    """README's tables are generated from the dataclasses: run scripts/update_readme.py after changing a field."""
+    from anyfit.config import reference_markdown
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("<!-- config-reference:start -->\n", 1)[1].split("<!-- config-reference:end -->", 1)[0]
+    assert section == reference_markdown(), "run: uv run python scripts/update_readme.py"

@@ -1,0 +1,75 @@
+import pytest
+import torch
+from transformers import (
+    AutoModelForCausalLM,
+    BloomConfig,
+    BloomForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+)
+
+from anyfit.config import ConfigError, ModelConfig, load_config
+from anyfit.hardware.runtime import resolve_runtime
+from anyfit.model.loading import (
+    ModelSource,
+    find_lora_targets,
+    load_model,
+    load_tokenizer,
+)
+
+
+def test_lora_targets_found_per_architecture(tiny_llama_dir):
+    llama = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    assert set(find_lora_targets(llama, "auto")) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
+    assert set(find_lora_targets(gpt2, "auto")) == {"c_attn", "c_proj", "c_fc"}
+    bloom = BloomForCausalLM(BloomConfig(hidden_size=16, n_layer=1, n_head=2, vocab_size=64))
+    assert "query_key_value" in find_lora_targets(bloom, "auto")
+
+
+def test_lora_target_typo_lists_real_names(tiny_llama_dir):
+    llama = AutoModelForCausalLM.from_pretrained(tiny_llama_dir)
+    with pytest.raises(ConfigError, match=r"match no module.*q_proj.*did you mean 'q_proj'"):
+        find_lora_targets(llama, ["q_porj"])
+
+
+def test_lora_wraps_only_adapters_trainable(tiny_llama_dir):
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "lora.enabled=true", "lora.target_modules=[q_proj, v_proj]"])
+    model = load_model(cfg, resolve_runtime(cfg.runtime))
+    trainable = [n for n, p in model.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    assert any("q_proj.lora_A" in n for n in trainable) and not any("k_proj" in n for n in trainable)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(tiny_qwen2_dir):
+    ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads = []
+    for gc in (False, True):
+        cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"model.gradient_checkpointing={str(gc).lower()}"])
+        torch.manual_seed(0)
+        model = load_model(cfg, resolve_runtime(cfg.runtime))
+        model.train()
+        assert getattr(model, 'is_activation_checkpointing', getattr(model, 'is_gradient_checkpointing', None)) == gc
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append(model.model.layers[0].self_attn.q_proj.weight.grad.clone())
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_pad_token_is_set_when_missing(tiny_llama_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    tok.pad_token = None
+    tok.save_pretrained(tmp_path)
+    AutoModelForCausalLM.from_pretrained(tiny_llama_dir).config.save_pretrained(tmp_path)
+    assert load_tokenizer(ModelConfig(name_or_path=str(tmp_path))).pad_token is not None
+
+
+def test_model_sources():
+    assert ModelSource.from_config(ModelConfig(name_or_path="Qwen/Qwen2.5-0.5B")) == ModelSource("Qwen/Qwen2.5-0.5B")
+    with pytest.raises(ConfigError, match="does not exist"):
+        ModelSource.from_config(ModelConfig(name_or_path="./no/such/folder"))
+    with pytest.raises(ConfigError, match="GGUF file"):
+        ModelSource.from_config(ModelConfig(name_or_path="/tmp/none.gguf"))
+    with pytest.raises(ConfigError, match="empty"):
+        ModelSource.from_config(ModelConfig())

@@ -1,0 +1,48 @@
+import pytest
+
+from anyfit.config import ConfigError, RuntimeConfig
+from anyfit.hardware.runtime import Hardware, resolve_runtime
+
+CPU = Hardware(cuda=False)
+MAC = Hardware(cuda=False, mps=True)
+T4 = Hardware(cuda=True, cuda_name="Tesla T4", cuda_capability=(7, 5), cuda_count=1)
+H100 = Hardware(cuda=True, cuda_name="NVIDIA H100 80GB HBM3", cuda_capability=(9, 0), cuda_count=8)
+
+
+@pytest.mark.parametrize("hw,device,precision,tf32", [
+    (CPU, "cpu", "fp32", False), (MAC, "mps", "fp32", False), (T4, "cuda", "fp16", False), (H100, "cuda", "bf16", True)])
+def test_auto_policy(hw, device, precision, tf32):
+    p = resolve_runtime(RuntimeConfig(), hw)
+    assert (p.device, p.precision, p.tf32) == (device, precision, tf32)
+    assert p.reasons and "precision" in p.describe()
+
+
+def test_t4_fp16_gets_loss_scaling_via_accelerate():
+    assert resolve_runtime(RuntimeConfig(), T4).mixed_precision == "fp16"
+
+
+def test_bf16_on_mps_only_when_asked():
+    assert resolve_runtime(RuntimeConfig(precision="bf16"), MAC).precision == "bf16"
+
+
+@pytest.mark.parametrize("cfg,hw,needle", [
+    (RuntimeConfig(precision="fp16"), CPU, "Use runtime.precision=fp32"),
+    (RuntimeConfig(precision="fp16"), MAC, "NaN"),
+    (RuntimeConfig(precision="bf16"), T4, "Use runtime.precision=fp16"),
+    (RuntimeConfig(device="cuda"), CPU, "no CUDA GPU"),
+    (RuntimeConfig(device="mps"), CPU, "MPS backend is not available"),
+])
+def test_impossible_requests_fail_fast(cfg, hw, needle):
+    with pytest.raises(ConfigError, match=needle):
+        resolve_runtime(cfg, hw)
+
+
+def test_qlora_needs_cuda():
+    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+        resolve_runtime(RuntimeConfig(), MAC, qlora=True)
+    assert resolve_runtime(RuntimeConfig(), T4, qlora=True).device == "cuda"
+
+
+def test_cpu_forced_on_a_gpu_machine():
+    p = resolve_runtime(RuntimeConfig(device="cpu"), H100)
+    assert (p.device, p.precision) == ("cpu", "fp32")
