@@ -91,7 +91,8 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
     import anyfit.training.loop as train_mod
     from anyfit.config import load_config
     from anyfit.hardware.presets import GIB, this_machine
-    from anyfit.hardware.planner import Setup, estimate_memory, flops_per_token, model_shape, step_seconds
+    from anyfit.hardware.planner import Setup, estimate_memory, flops_per_token, step_seconds
+    from anyfit.model.shape import model_shape
 
     overrides, ckpt = CASES[name]
     cfg = load_config(None, [f"model.name_or_path={model_dir}", f"data.path={data}", "data.format=text",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyfit.config import ConfigError, help_text, load_config
+from anyfit.config import ConfigError, help_text, load_config, run_config_path, set_by_user
 from anyfit.data.sources import DataError
 
 
@@ -19,13 +19,19 @@ def _config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--help-config", action="store_true", help="List every config key with its type, default and help.")
 
 
-def _load(args) -> "Config":  # noqa: F821
+def _config_and_overrides(args) -> tuple[str | None, list[str]]:
     config = args.config
     overrides = list(args.overrides)
     if config and "=" in config and not config.endswith((".yaml", ".yml")):
         overrides.insert(0, config)  # only overrides were given
         config = None
-    return load_config(config, overrides)
+    return config, overrides
+
+
+def _load(args, base=None) -> "Config":  # noqa: F821
+    """The config of the command line; ``base``: a training run's config.yaml under it (eval/generate of a run)."""
+    config, overrides = _config_and_overrides(args)
+    return load_config(config, overrides, base=base, echo=print if base else None)
 
 
 def cmd_train(args) -> int:
@@ -162,10 +168,18 @@ def cmd_generate(args) -> int:
     if not prompts:
         raise ConfigError("No prompts: give --prompt TEXT (repeatable) or --file FILE (one per line, or JSONL "
                           "with a 'prompt' field).")
+    from pathlib import Path
+
+    template, system_prompt = "chat", args.system_prompt
+    run_config = run_config_path(args.model) if Path(args.model).is_dir() else None
+    if run_config is not None and not args.raw:  # prompts laid out as the run laid out its training prompts
+        trained = load_config(None, [], base=run_config, echo=lambda line: print(line, file=sys.stderr)).data
+        template, system_prompt = trained.template, system_prompt or trained.system_prompt
+        print(f"[anyfit] generate: data.template={template!r} as in the training run", file=sys.stderr)
     try:
         params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                  seed=args.seed, stop=tuple(args.stop), chat=not args.raw,
-                                  system_prompt=args.system_prompt)
+                                  seed=args.seed, stop=tuple(args.stop), chat=not args.raw, template=template,
+                                  system_prompt=system_prompt)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = make_backend(args.model, args.backend, args.device, args.batch_size, merge_lora=args.merge_lora,
@@ -179,39 +193,23 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _set_in_config(args, key: str) -> bool:
-    """Whether the user's YAML file or overrides set ``section.name``."""
-    import yaml
-
-    if any(o.split("=", 1)[0].strip() == key for o in list(args.overrides) + [args.config or ""]):
-        return True
-    if args.config and args.config.endswith((".yaml", ".yml")):
-        from pathlib import Path
-
-        raw = yaml.safe_load(Path(args.config).read_text()) if Path(args.config).is_file() else None
-        section, name = key.split(".", 1)
-        return isinstance(raw, dict) and isinstance(raw.get(section), dict) and name in raw[section]
-    return False
-
-
 def cmd_eval(args) -> int:
     from pathlib import Path
 
-    import yaml
-
-    cfg = _load(args)
+    # A training output folder is evaluated with its run's settings (prompt layout, tokenizer, ...) as the
+    # base, so the model sees the prompts it was trained on; the file and the overrides come on top.
+    base = run_config_path(args.model) if args.model and Path(args.model).is_dir() else None
+    cfg = _load(args, base=base)
     model = args.model or cfg.model.name_or_path
     if not model:
         raise ConfigError("No model to evaluate: give --model MODEL_OR_OUTPUT_DIR (or model.name_or_path=...).")
-    # A training output folder records how its prompts were laid out; evaluate with the same layout
-    # unless told otherwise, so the model sees the prompts it was trained on.
-    run_config = Path(model) / "config.yaml"
-    if run_config.is_file():
-        trained = (yaml.safe_load(run_config.read_text()) or {}).get("data", {})
-        for name in ("template", "system_prompt"):
-            if name in trained and not _set_in_config(args, f"data.{name}"):
-                setattr(cfg.data, name, trained[name])
-                print(f"[anyfit] eval: data.{name}={trained[name]!r}, as in the training run ({run_config})")
+    if base is not None and not set_by_user(*_config_and_overrides(args), "data.path"):
+        if not (cfg.eval.path or cfg.eval.split):
+            raise ConfigError(f"{model} was trained on {cfg.data.path}; say what to evaluate it on with "
+                              "data.path=... (and data.split=...), e.g. a held-out file.")
+        cfg.data.path, cfg.data.split = cfg.eval.path or cfg.data.path, cfg.eval.split or cfg.data.split
+        cfg.data.num_samples = None
+        print(f"[anyfit] eval: on the run's held-out data: data.path={cfg.data.path} data.split={cfg.data.split}")
     from anyfit.evaluation.evaluate import evaluate
 
     name = Path(model).name if Path(model).exists() else model.replace("/", "__")  # hub ids: one folder level

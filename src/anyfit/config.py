@@ -363,30 +363,68 @@ def keys_of(section: str) -> list[str]:
     return [k for k in all_keys() if k.startswith(section + ".")]
 
 
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read a YAML config (optional) and apply ``key=value`` overrides; validate everything."""
+RUN_CONFIG = "config.yaml"  # the resolved config a training run writes into its output folder
+
+
+def _file_values(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Flat dotted values of a YAML config file, and the file:line each came from."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"Config file {path} does not exist.")
+    text = path.read_text()
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...).")
+    lines = _key_lines(text)
+    values = _flatten(raw)
+    return values, {key: f"{path}:{lines.get(key, '?')}" for key in values}
+
+
+def run_config_path(folder: str | Path) -> Path | None:
+    """The ``config.yaml`` a training run left in ``folder`` (its output folder or a checkpoint), if any."""
+    path = Path(folder) / RUN_CONFIG
+    return path if path.is_file() else None
+
+
+def load_config(path: str | Path | None, overrides: list[str] = (), base: str | Path | None = None,
+                echo=None) -> Config:
+    """The config, in layers: the defaults, then ``base`` (a training run's config.yaml, for eval/generate
+    of its output), then the YAML file ``path``, then ``key=value`` overrides; all validated.
+
+    With ``echo`` and a ``base``, says how many settings were inherited from the run and which of them
+    the file or the overrides changed.
+    """
     values: dict[str, Any] = {}
     source: dict[str, str] = {}
+    inherited: dict[str, Any] = {}
+    if base is not None:
+        inherited, where = _file_values(base)
+        values.update(inherited)
+        source.update(where)
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"Config file {path} does not exist.")
-        text = path.read_text()
-        try:
-            raw = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...).")
-        lines = _key_lines(text)
-        for key, value in _flatten(raw).items():
-            values[key] = value
-            source[key] = f"{path}:{lines.get(key, '?')}"
+        file_values, where = _file_values(path)
+        values.update(file_values)
+        source.update(where)
     for item in overrides:
         key, value = _parse_override(item)
         values[key] = value
         source[key] = f"override {item!r}"
-    return build_config(values, source)
+    cfg = build_config(values, source)
+    if echo is not None and base is not None:
+        changed = sorted(k for k in inherited if not source[k].startswith(f"{base}:"))
+        echo(f"[anyfit] settings of the training run ({base}) are the base"
+             + (f"; set here instead: {', '.join(changed)}" if changed else ""))
+    return cfg
+
+
+def set_by_user(cfg_path: str | Path | None, overrides: list[str], key: str) -> bool:
+    """Whether the YAML file or the overrides (not a run's config.yaml) set the dotted ``key``."""
+    if any(o.split("=", 1)[0].strip() == key for o in overrides):
+        return True
+    return cfg_path is not None and key in _file_values(cfg_path)[0]
 
 
 def validate(cfg: Config) -> None:

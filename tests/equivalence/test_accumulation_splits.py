@@ -7,7 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from anyfit.data.batching import IGNORE_INDEX, collate
 from anyfit.model.attention import register
-from anyfit.training.loop import backward_window
+from anyfit.training.step import backward_window
 
 
 def _sequences(vocab: int) -> list[dict]:

@@ -164,7 +164,7 @@ def test_cli_eval_and_generate(tiny_llama_dir, tmp_path, capsys):
                "--model", str(run), "--max-new-tokens", "3", "--batch-size", "2", "--out", str(tmp_path / "ev")])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "as in the training run" in out and "accuracy" in out
+    assert "settings of the training run" in out and "accuracy" in out
     summary = json.loads((tmp_path / "ev" / "summary.json").read_text())
     assert summary["n"] == 2 and summary["data"]["template"] == "plain" and summary["backend"] == "transformers"
     assert len((tmp_path / "ev" / "predictions.jsonl").read_text().splitlines()) == 2

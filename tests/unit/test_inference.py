@@ -11,12 +11,11 @@ from anyfit.evaluation.inference import (
     Completion,
     GenerationParams,
     TransformersBackend,
-    kv_cache_bytes_per_row,
-    load_for_inference,
-    locate_model,
     plan_batch_size,
     select_backend,
 )
+from anyfit.model.loading import load_for_inference, locate_model
+from anyfit.model.shape import kv_cache_bytes, shape_from_config
 
 PROMPTS = [
     "What is 59 + 63?",
@@ -208,7 +207,7 @@ def test_full_model_dir_and_unfinished_run(tiny_llama_dir, tmp_path):
 def test_kv_cache_size(tiny):
     model, _ = tiny
     # 2 (K, V) x 2 layers x 2 KV heads x head_dim 8 (32 wide / 4 heads) x 100 tokens x 4 bytes
-    assert kv_cache_bytes_per_row(model.config, 100, 4) == 2 * 2 * 2 * 8 * 100 * 4
+    assert kv_cache_bytes(shape_from_config(model.config), 100, 1, 4) == 2 * 2 * 2 * 8 * 100 * 4
 
 
 def test_plan_batch_size():

@@ -11,6 +11,7 @@ number, which is what makes exact resume simple.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -60,12 +61,33 @@ class BatchPlan:
         return BatchPlan(self.effective_batch, micro, self.per_process // micro, self.processes)
 
     def candidates(self) -> list[int]:
-        """Micro-batch sizes that keep the effective batch exactly: the divisors of the per-process share."""
-        return [d for d in range(1, self.per_process + 1) if self.per_process % d == 0]
+        """Micro-batch sizes that keep the effective batch exactly (``micro_batch_candidates``)."""
+        return micro_batch_candidates(self.per_process)
 
     def describe(self) -> str:
         return (f"effective batch {self.effective_batch} = micro-batch {self.micro_batch} x accumulation "
                 f"{self.accumulation} x processes {self.processes}")
+
+
+def micro_batch_candidates(per_process: int) -> list[int]:
+    """Micro-batch sizes that keep the effective batch exactly: the divisors of the per-process share,
+    ascending. The one rule behind ``micro_batch=auto`` (measured) and ``anyfit plan`` (estimated), so
+    both choose among the same values."""
+    return [d for d in range(1, per_process + 1) if per_process % d == 0]
+
+
+def choose_micro_batch(per_process: int, peak_of: Callable[[int], int | None], budget: int) -> int | None:
+    """The largest micro-batch among ``micro_batch_candidates`` whose peak memory (``peak_of``: measured by
+    the probe, estimated by the planner; None for out of memory) stays within ``budget`` bytes. Candidates
+    are tried in ascending order and the first that does not fit ends the search (memory grows with the
+    micro-batch); None if even 1 does not fit."""
+    chosen = None
+    for micro in micro_batch_candidates(per_process):
+        peak = peak_of(micro)
+        if peak is None or peak > budget:
+            break
+        chosen = micro
+    return chosen
 
 
 class WindowSampler:
@@ -79,8 +101,17 @@ class WindowSampler:
         self.seed = seed
         # A partial last window would change the effective batch of that step; it is left out (and reported).
         self.steps_per_epoch = len(lengths) // plan.effective_batch
+        if self.steps_per_epoch == 0:
+            raise ConfigError(f"Only {len(lengths)} examples are left after filtering, fewer than one effective batch "
+                              f"(train.effective_batch={plan.effective_batch}); lower it or add data.")
         self._epoch = -1
         self._perm: list[int] = []
+
+    @classmethod
+    def of(cls, examples: list[dict], plan: BatchPlan, process_index: int, seed: int) -> "WindowSampler":
+        """The sampler over tokenized examples (``input_ids`` and ``labels``)."""
+        return cls([len(e["input_ids"]) for e in examples],
+                   [sum(1 for t in e["labels"] if t != IGNORE_INDEX) for e in examples], plan, process_index, seed)
 
     def _permutation(self, epoch: int) -> list[int]:
         if epoch != self._epoch:
@@ -172,3 +203,28 @@ def window_loader(batches: WindowBatches, start: int, stop: int, workers: int, p
                                        # its own generator: a DataLoader iterator otherwise draws a seed from the
                                        # global RNG, which would shift dropout after a resume (not bit-exact)
                                        generator=torch.Generator().manual_seed(0))
+
+
+class StepStream:
+    """``get(step)``: that step's (example indices per micro-batch, window trainable tokens, collated
+    micro-batches), read in step order from a ``window_loader``; ``replan`` changes the micro-batch split
+    (after an out-of-memory error) and drops what the workers had prepared with the old one."""
+
+    def __init__(self, batches: WindowBatches, stop: int, workers: int, pin_memory: bool):
+        self.batches, self.stop, self.workers, self.pin_memory = batches, stop, workers, pin_memory
+        self._iter = None
+        self._next: int | None = None
+
+    def get(self, step: int):
+        if step != self._next:  # the first call, a replan, or a jump: start reading at this step
+            self._iter = iter(window_loader(self.batches, step, self.stop, self.workers, self.pin_memory))
+        self._next = step + 1
+        return next(self._iter)
+
+    @property
+    def plan(self) -> BatchPlan:
+        return self.batches.sampler.plan
+
+    def replan(self, plan: BatchPlan) -> None:
+        self.batches.sampler.plan = plan
+        self._next = None

@@ -13,9 +13,8 @@ Sampling settings a checkpoint ships in its ``generation_config.json`` (Qwen's r
 top_k=20, ...) are NOT applied: every knob is set explicitly, so both back ends decode the same way and
 greedy means greedy.
 
-``load_for_inference`` reads a hub id or folder, a full fine-tune's output folder, or a LoRA output
-folder (``adapter_config.json``: the base comes from ``base_model_name_or_path`` and the adapter is
-applied with PEFT, optionally merged).
+Models are found and loaded by ``anyfit.model.loading.load_for_inference`` (a hub id or folder, a full
+fine-tune's output folder, or a LoRA output folder); device and dtype come from the runtime policy.
 """
 
 from __future__ import annotations
@@ -31,9 +30,12 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
-from anyfit.config import ConfigError, DataConfig, ModelConfig
+from anyfit.config import ConfigError, DataConfig
 from anyfit.data.formats import Example
-from anyfit.model.loading import ModelSource
+from anyfit.hardware.memory import free_bytes, is_oom, release_cached
+from anyfit.hardware.runtime import inference_policy
+from anyfit.model.loading import ModelLocation, load_for_inference, locate_model
+from anyfit.model.shape import kv_cache_bytes, shape_from_config
 
 Prompt = str | list[int]
 FinishReason = Literal["eos", "stop", "length"]
@@ -57,7 +59,8 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # the text is cut at the first one; generation stops when every row has one
     include_stop: bool = False  # keep the stop string at the end of the text (e.g. a closing </answer>)
-    chat: bool = True  # string prompts: render as a user message with the chat template (False: raw text)
+    chat: bool = True  # string prompts: render as a user message with ``template`` (False: raw text)
+    template: str = "chat"  # data.template for string prompts: the chat template, plain, r1_zero or a custom one
     system_prompt: str | None = None  # for chat-rendered string prompts
 
     def __post_init__(self) -> None:
@@ -130,131 +133,21 @@ def select_backend(kind: str, device: str) -> Literal["vllm", "transformers"]:
     return "transformers"
 
 
-def pick_device(requested: str = "auto") -> str:
-    """``auto`` -> cuda > mps > cpu; an explicit device is checked to exist."""
-    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
-    if requested == "auto":
-        return "cuda" if torch.cuda.is_available() else "mps" if mps else "cpu"
-    if requested == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device cuda was asked for, but no CUDA GPU is visible. Use device auto or cpu.")
-    if requested == "mps" and not mps:
-        raise ConfigError("device mps was asked for, but the MPS backend is not available. Use device auto or cpu.")
-    if requested not in ("cuda", "mps", "cpu"):
-        raise ConfigError(f"Unknown device {requested!r}; use auto, cuda, mps or cpu.")
-    return requested
-
-
 def make_backend(model: str | Path, backend: str = "auto", device: str = "auto", batch_size: BatchSize = "auto",
                  dtype: str = "auto", merge_lora: bool = False, tokenizer: str | None = None,
                  trust_remote_code: bool = False, revision: str | None = None, seed: int = 0) -> InferenceBackend:
-    """Load ``model`` (hub id, folder, training output dir, LoRA output dir) into the chosen back end."""
-    device = pick_device(device)
+    """Load ``model`` (hub id, folder, training output dir, LoRA output dir) into the chosen back end, on the
+    device and in the dtype the runtime policy picks (printed with its reasons on stderr)."""
+    policy = inference_policy(device, dtype)
+    print(f"[anyfit] inference runtime: {policy.describe()}", file=sys.stderr)
+    device = policy.device
     if select_backend(backend, device) == "vllm":
         return VLLMBackend(model, dtype=dtype, merge_lora=merge_lora, tokenizer=tokenizer,
                            trust_remote_code=trust_remote_code, revision=revision, seed=seed)
-    hf_model, hf_tokenizer = load_for_inference(model, device, dtype, merge_lora=merge_lora, tokenizer=tokenizer,
-                                                trust_remote_code=trust_remote_code, revision=revision)
+    hf_model, hf_tokenizer = load_for_inference(model, device, policy.compute_dtype, merge_lora=merge_lora,
+                                                tokenizer=tokenizer, trust_remote_code=trust_remote_code,
+                                                revision=revision)
     return TransformersBackend(hf_model, hf_tokenizer, batch_size=batch_size)
-
-
-# --------------------------------------------------------------------------------------------------
-# Finding and loading a model
-
-
-@dataclass(frozen=True)
-class ModelLocation:
-    """Where the pieces of a model for inference live. ``adapter`` is set for a LoRA output folder."""
-
-    base: str  # hub id or folder of the (base) weights
-    tokenizer: str  # where the tokenizer is read from
-    adapter: str | None = None
-    gguf_file: str | None = None
-
-
-def locate_model(name_or_path: str | Path, tokenizer: str | None = None, revision: str | None = None) -> ModelLocation:
-    """Tell a LoRA output folder from a full model (folder, GGUF file or hub id) and find its tokenizer."""
-    spec = str(name_or_path)
-    path = Path(spec).expanduser()
-    if path.is_dir() and (path / "adapter_config.json").is_file():
-        adapter_cfg = json.loads((path / "adapter_config.json").read_text())
-        base = adapter_cfg.get("base_model_name_or_path")
-        if not base:
-            raise ConfigError(f"{path}/adapter_config.json has no base_model_name_or_path: cannot tell which base "
-                              "model the adapter belongs to.")
-        base = _base_from_training_config(path, base)
-        has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
-        src = ModelSource.from_config(ModelConfig(name_or_path=base, revision=revision))
-        tok = tokenizer or (str(path) if has_tokenizer else src.path)
-        return ModelLocation(base=src.path, tokenizer=tok, adapter=str(path), gguf_file=src.gguf_file)
-    if path.is_dir() and not (path / "config.json").is_file():
-        checkpoints = sorted((p for p in path.glob("checkpoint-*") if p.is_dir()),
-                             key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
-        hint = (f" It holds checkpoints; the newest is {checkpoints[-1]} (pass that folder)." if checkpoints else
-                " Is the training run finished? The final model is written when it ends.")
-        raise ConfigError(f"{path} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json).{hint}")
-    src = ModelSource.from_config(ModelConfig(name_or_path=spec, revision=revision))
-    return ModelLocation(base=src.path, tokenizer=tokenizer or src.path, gguf_file=src.gguf_file)
-
-
-def _base_from_training_config(adapter_dir: Path, base: str) -> str:
-    """PEFT records the folder a GGUF base was read from, which holds no config.json; anyfit's config.yaml
-    in the same output folder names the actual file."""
-    local = Path(base).expanduser()
-    cfg_file = adapter_dir / "config.yaml"
-    if local.is_dir() and not (local / "config.json").is_file() and cfg_file.is_file():
-        import yaml
-
-        model = (yaml.safe_load(cfg_file.read_text()) or {}).get("model", {})
-        if model.get("name_or_path"):
-            name = model["name_or_path"]
-            if model.get("gguf_file") and not name.endswith(".gguf"):
-                return str(Path(name) / model["gguf_file"])
-            return name
-    return base
-
-
-def inference_dtype(device: str, dtype: str | torch.dtype = "auto") -> torch.dtype:
-    """auto: bf16 on CUDA with native bf16 (fp16 before Ampere), fp16 on MPS, fp32 on CPU."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype != "auto":
-        return getattr(torch, dtype)
-    if device == "cuda":
-        return torch.bfloat16 if torch.cuda.get_device_capability() >= (8, 0) else torch.float16
-    return torch.float16 if device == "mps" else torch.float32
-
-
-def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str | torch.dtype = "auto", *,
-                       merge_lora: bool = False, tokenizer: str | None = None, trust_remote_code: bool = False,
-                       revision: str | None = None):
-    """``(model, tokenizer)`` ready to generate: eval mode, on ``device``, no gradients required.
-
-    A LoRA output folder loads its base model and applies the adapter with PEFT; ``merge_lora`` folds the
-    adapter into the weights (faster generation, no PEFT wrapper left).
-    """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    loc = locate_model(name_or_path, tokenizer, revision)
-    common = dict(trust_remote_code=trust_remote_code, revision=revision)
-    tok = AutoTokenizer.from_pretrained(loc.tokenizer, **({"gguf_file": loc.gguf_file}
-                                                           if loc.tokenizer == loc.base and loc.gguf_file else {}),
-                                        **common)
-    if tok.pad_token is None:  # padding is masked out, so EOS is a safe pad
-        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    kwargs = dict(dtype=inference_dtype(device, dtype), **common)
-    if loc.gguf_file:
-        kwargs["gguf_file"] = loc.gguf_file
-    model = AutoModelForCausalLM.from_pretrained(loc.base, **kwargs)
-    if loc.adapter:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, loc.adapter, is_trainable=False)
-        if merge_lora:
-            model = model.merge_and_unload()
-    model.to(device)
-    model.eval()
-    model.requires_grad_(False)
-    return model, tok
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,7 +161,7 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParam
     """
     from anyfit.data.tokenization import prompt_token_ids
 
-    chat = DataConfig(template="chat", system_prompt=params.system_prompt)
+    chat = DataConfig(template=params.template, system_prompt=params.system_prompt)
     raw = DataConfig(template="{prompt}")  # the text, verbatim
     out = []
     for i, p in enumerate(prompts):
@@ -286,27 +179,6 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParam
 # Batch size for generation
 
 
-def kv_cache_bytes_per_row(model_config, tokens: int, bytes_per_value: int) -> int:
-    """Bytes the KV cache of one sequence of ``tokens`` takes: 2 (K and V) x layers x kv_heads x head_dim x tokens."""
-    cfg = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    layers = _first_attr(cfg, ("num_hidden_layers", "n_layer", "num_layers"))
-    heads = _first_attr(cfg, ("num_attention_heads", "n_head", "num_heads"))
-    kv_heads = _first_attr(cfg, ("num_key_value_heads", "num_kv_heads", "multi_query_group_num"), default=heads)
-    hidden = _first_attr(cfg, ("hidden_size", "n_embd", "d_model"))
-    head_dim = getattr(cfg, "head_dim", None) or hidden // heads
-    return 2 * layers * kv_heads * head_dim * tokens * bytes_per_value
-
-
-def _first_attr(cfg, names: tuple[str, ...], default: int | None = None) -> int:
-    for n in names:
-        v = getattr(cfg, n, None)
-        if isinstance(v, int) and v > 0:
-            return v
-    if default is None:
-        raise ValueError(f"the model config has none of {names}; give the batch size explicitly")
-    return default
-
-
 def plan_batch_size(free_bytes: int, kv_bytes_per_row: int, weight_bytes: int = 0, cap: int = 64,
                     usable_fraction: float = 0.8) -> int:
     """Rows that fit: (free memory x usable_fraction - weights still to be loaded) / KV cache per row, in [1, cap].
@@ -319,29 +191,17 @@ def plan_batch_size(free_bytes: int, kv_bytes_per_row: int, weight_bytes: int = 
     return max(1, min(cap, int(budget // kv_bytes_per_row)))
 
 
-def free_memory_bytes(device: str) -> int:
-    """Memory still free for generation on ``device`` (weights already loaded there are already taken)."""
-    if device.startswith("cuda"):
-        free, _ = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    if device == "mps":
-        return int(torch.mps.recommended_max_memory() - torch.mps.driver_allocated_memory())
-    import psutil  # a dependency of accelerate
-
-    return int(psutil.virtual_memory().available)
-
-
 def auto_batch_size(model, prompt_tokens: int, max_new_tokens: int, num_prompts: int | None = None,
                     weights_loaded: bool = True) -> int:
     """A generation batch size for ``model`` on its device: free memory over the KV cache one row needs."""
     param = next(model.parameters())
     device = param.device.type if param.device.type != "cuda" else str(param.device)
     weights = 0 if weights_loaded else sum(p.numel() * p.element_size() for p in model.parameters())
-    per_row = kv_cache_bytes_per_row(model.config, prompt_tokens + max_new_tokens, param.element_size())
+    per_row = kv_cache_bytes(shape_from_config(model.config), prompt_tokens + max_new_tokens, 1, param.element_size())
     cap = AUTO_BATCH_CAP[param.device.type]
     if num_prompts:
         cap = min(cap, num_prompts)
-    return plan_batch_size(free_memory_bytes(device), per_row, weights, cap)
+    return plan_batch_size(free_bytes(device), per_row, weights, cap)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -418,28 +278,17 @@ class TransformersBackend:
                     out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                          generation_config=gen_config, **extra)
                 except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
-                    if not _is_oom(e) or batch == 1:
+                    if not is_oom(e) or batch == 1:
                         raise
                     # The memory estimate leaves out activations; halve and redo this batch.
                     batch = max(1, batch // 2)
-                    _release_cached_memory(device)
+                    release_cached(device.type)
                     print(f"[anyfit] generation ran out of memory; retrying with batch size {batch}", file=sys.stderr)
                     continue
                 for r, i in enumerate(rows):
                     outputs[i] = _finish(tok, out[r, width:].tolist(), eos_ids, params, len(ids[i]))
                 start += len(rows)
         return outputs  # type: ignore[return-value]
-
-
-def _is_oom(e: BaseException) -> bool:
-    return isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-
-
-def _release_cached_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    elif device.type == "mps":
-        torch.mps.empty_cache()
 
 
 def _generation_config(params: GenerationParams, eos_ids: list[int], pad_id: int):
@@ -514,7 +363,7 @@ class VLLMBackend:
                  tokenizer: str | None = None, trust_remote_code: bool = False, revision: str | None = None,
                  seed: int = 0, gpu_memory_utilization: float = 0.85, max_model_len: int | None = None,
                  **engine_kwargs) -> None:
-        select_backend("vllm", pick_device("auto"))  # a clear error off CUDA or without vllm
+        select_backend("vllm", inference_policy().device)  # a clear error off CUDA or without vllm
         import vllm
         from transformers import AutoTokenizer
 

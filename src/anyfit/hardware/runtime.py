@@ -1,4 +1,6 @@
-"""Runtime policy: which device and precision a run uses, decided once, with the reason printed.
+"""Runtime policy: which device, precision, weight dtype and batch workers a run uses, decided once,
+with the reason printed. Training and inference (``anyfit eval``/``generate``) ask the same function,
+so a model is never run in a precision on one path that the other refuses.
 
 The hardware is read through a small ``Hardware`` record so the decision itself is a pure function
 that tests can drive with any machine (a T4, an H100, a Mac) without having one.
@@ -51,6 +53,8 @@ class RuntimePolicy:
     precision: str  # "fp32" | "bf16" | "fp16"
     tf32: bool
     reasons: tuple[str, ...] = field(default_factory=tuple)
+    num_workers: int = 0  # processes preparing the next steps' batches
+    pin_memory: bool = False  # page-locked host batches: asynchronous copies to a CUDA device
 
     @property
     def mixed_precision(self) -> str:
@@ -58,18 +62,35 @@ class RuntimePolicy:
 
     @property
     def compute_dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.precision]
+        return PRECISION_DTYPE[self.precision]
 
     def describe(self) -> str:
-        lines = [f"device={self.device} precision={self.precision} tf32={'on' if self.tf32 else 'off'}"]
+        lines = [f"device={self.device} precision={self.precision} tf32={'on' if self.tf32 else 'off'} "
+                 f"batch workers={self.num_workers}"]
         lines += [f"  - {r}" for r in self.reasons]
         return "\n".join(lines)
 
 
-def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool = False) -> RuntimePolicy:
-    """Pick device and precision from the config and the hardware; refuse impossible requests."""
+DEVICES = ("auto", "cuda", "mps", "cpu")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+# torch dtype names (``--dtype`` of inference, ``model.dtype``) and the precisions they are
+DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool = False,
+                    inference: bool = False) -> RuntimePolicy:
+    """Pick device, precision and batch workers from the config and the hardware; refuse impossible requests.
+
+    ``inference``: the policy for generation (no gradients): the same automatic choices, but an explicit
+    fp16 or bf16 off CUDA is allowed there, since the reasons training refuses them (no loss scaling,
+    slow bf16 autocast on CPU) concern the backward pass.
+    """
     hw = hw or Hardware.detect()
     reasons: list[str] = []
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"runtime.device={cfg.device!r}: use one of {', '.join(DEVICES)}.")
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(f"runtime.precision={cfg.precision!r}: use one of {', '.join(PRECISIONS)}.")
 
     if cfg.device == "auto":
         if hw.cuda:
@@ -110,6 +131,11 @@ def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool 
             precision = "fp32"
             reasons.append(f"precision fp32: mixed precision on {device} gives NaNs (fp16) or little speed; "
                            "bf16 on MPS only when asked")
+    elif inference:
+        if precision == "bf16" and device == "cuda" and not hw.native_bf16:
+            raise ConfigError(f"bf16 on {hw.cuda_name or 'this GPU'} is only emulated before Ampere (8.0) and runs "
+                              "very slowly; use float16 or auto.")
+        reasons.append(f"precision {precision}: asked for")
     else:
         if precision == "fp16" and device != "cuda":
             raise ConfigError(f"runtime.precision=fp16 on {device}: fp16 training needs CUDA's loss scaling and gives "
@@ -127,7 +153,61 @@ def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool 
     if device == "cuda":
         reasons.append("tf32 " + ("on: fp32 matmuls use TF32 tensor cores" if tf32 else
                                   "off: " + ("disabled in the config" if not cfg.tf32 else "GPU has no TF32")))
-    return RuntimePolicy(device=device, precision=precision, tf32=tf32, reasons=tuple(reasons))
+    workers, pin = _batch_workers(cfg.num_workers, device, reasons)
+    return RuntimePolicy(device=device, precision=precision, tf32=tf32, reasons=tuple(reasons), num_workers=workers,
+                         pin_memory=pin)
+
+
+def _batch_workers(requested: int | str, device: str, reasons: list[str]) -> tuple[int, bool]:
+    """(worker processes, pin memory). Workers pay where the device computes apart from the host's cores."""
+    pin = device == "cuda"
+    if requested != "auto":
+        reasons.append(f"batch workers {requested}: asked for in the config")
+        return int(requested), pin
+    if device == "cuda":
+        reasons.append("batch workers 2, pinned memory: the next steps' batches are collated and copied while the "
+                       "GPU computes")
+        return 2, pin
+    reasons.append(f"batch workers 0: on {device} worker processes would compete with training for the host's cores")
+    return 0, pin
+
+
+def weight_dtype(model_dtype: str, lora: bool, device: str, precision: str) -> torch.dtype:
+    """The dtype base weights are loaded in (``model.dtype`` unless auto).
+
+    Full fine-tuning keeps fp32 master weights (autocast computes in bf16/fp16); a frozen LoRA base on CUDA
+    can live in the compute dtype, halving its memory; a QLoRA base is quantized by bitsandbytes, and
+    what stays unquantized is kept in the compute dtype. Used by model loading and by the planner.
+    """
+    if model_dtype != "auto":
+        return getattr(torch, model_dtype)
+    if lora and device == "cuda":
+        return PRECISION_DTYPE[precision]
+    return torch.float32
+
+
+PRECISION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def inference_policy(device: str = "auto", dtype: str | torch.dtype = "auto", hw: Hardware | None = None) -> RuntimePolicy:
+    """Device and dtype for generation: ``dtype`` is auto, a torch dtype or its name (float32, bfloat16, float16)."""
+    if isinstance(dtype, torch.dtype):
+        dtype = str(dtype).removeprefix("torch.")
+    if dtype != "auto" and dtype not in DTYPE_PRECISION:
+        raise ConfigError(f"dtype {dtype!r}: use auto, {', '.join(DTYPE_PRECISION)}.")
+    precision = "auto" if dtype == "auto" else DTYPE_PRECISION[dtype]
+    return resolve_runtime(RuntimeConfig(device=device, precision=precision, num_workers=0), hw, inference=True)
+
+
+def make_accelerator(policy: RuntimePolicy, compile_model: bool = False):
+    """HF Accelerate told the policy: the device, mixed precision, and torch.compile settings when asked
+    (inductor with dynamic shapes: packed rows change length every step)."""
+    from accelerate import Accelerator
+    from accelerate.utils import TorchDynamoPlugin
+
+    apply_policy(policy)
+    dynamo = TorchDynamoPlugin(backend="inductor", dynamic=True) if compile_model else None
+    return Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo)
 
 
 def apply_policy(policy: RuntimePolicy) -> None:

@@ -64,6 +64,8 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from anyfit.model.loading import drop_gguf_quantizer
+
     gguf_path = Path(gguf_path).expanduser().resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
@@ -88,11 +90,7 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None)
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         model = AutoModelForCausalLM.from_pretrained(
             gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-        # The weights are already dequantized to float32; the GGUF "quantization" bookkeeping only
-        # makes save_pretrained refuse, and would make the saved folder claim to be quantized.
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.hf_quantizer = None
+        drop_gguf_quantizer(model)
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / _COMPLETE_MARKER).write_text(json.dumps(source, indent=1) + "\n")

@@ -1,25 +1,24 @@
-"""Loading the tokenizer and model (hub id, local folder or GGUF file) and wrapping it in LoRA."""
+"""Every way anyfit loads a model, in one place: the tokenizer and model for training (hub id, local
+folder or GGUF file, LoRA/QLoRA applied), and for inference (the same sources plus a training output
+folder: a full fine-tune, or a LoRA adapter on its base).
+
+The rules the two paths share live here once: where weights come from (``ModelSource``), the pad-token
+fallback (``ensure_pad_token``), the clean-up of a dequantized GGUF model (``drop_gguf_quantizer``).
+Device and dtypes are the runtime policy's (``anyfit.hardware.runtime``).
+"""
 
 from __future__ import annotations
 
-import difflib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig
-from anyfit.hardware.runtime import RuntimePolicy
-
-# Leaf names of the projections LoRA usually targets, by architecture family. Used to order and
-# explain the automatic choice; the choice itself comes from the model's own modules.
-KNOWN_TARGETS = (
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",  # Llama, Qwen, Mistral, Gemma
-    "c_attn", "c_proj", "c_fc",  # GPT-2
-    "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h",  # BLOOM, Falcon, GPT-NeoX
-    "qkv_proj", "gate_up_proj", "out_proj", "fc1", "fc2", "Wqkv", "wq", "wk", "wv", "wo", "w1", "w2", "w3",
-)
+from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig, load_config, run_config_path
+from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
+from anyfit.model.shape import resolve_lora_targets
 
 
 @dataclass(frozen=True)
@@ -58,21 +57,25 @@ def load_tokenizer(cfg: ModelConfig):
         tok = AutoTokenizer.from_pretrained(cfg.tokenizer, **kwargs)
     else:
         tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file, **kwargs)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token if tok.eos_token is not None else tok.unk_token
-    if tok.pad_token is None:
-        raise ConfigError(f"The tokenizer of {cfg.name_or_path} has no pad, eos or unk token to pad with.")
-    return tok
+    return ensure_pad_token(tok, cfg.tokenizer or cfg.name_or_path)
 
 
-def weight_dtype(cfg: Config, policy: RuntimePolicy) -> torch.dtype:
-    """Full fine-tuning keeps fp32 master weights (autocast computes in bf16/fp16); a frozen LoRA base
-    can live in the compute dtype, halving its memory."""
-    if cfg.model.dtype != "auto":
-        return getattr(torch, cfg.model.dtype)
-    if cfg.lora.enabled and policy.device == "cuda":
-        return policy.compute_dtype
-    return torch.float32
+def ensure_pad_token(tokenizer, name: str):
+    """Give a tokenizer without a pad token its EOS (or UNK) as pad: padding is masked out, so it is safe."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+    if tokenizer.pad_token is None:
+        raise ConfigError(f"The tokenizer of {name} has no pad, eos or unk token to pad with.")
+    return tokenizer
+
+
+def drop_gguf_quantizer(model: nn.Module) -> None:
+    """GGUF weights arrive dequantized; drop the quantizer record so the model saves as plain safetensors
+    (save_pretrained refuses otherwise, and the saved folder would claim to be quantized)."""
+    model.config.quantization_config = None
+    if hasattr(model.config, "__dict__"):
+        model.config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
 
 
 def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.Module:
@@ -80,8 +83,8 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
     from transformers import AutoModelForCausalLM
 
     src = ModelSource.from_config(cfg.model)
-    kwargs: dict = dict(dtype=weight_dtype(cfg, policy), trust_remote_code=cfg.model.trust_remote_code,
-                        revision=cfg.model.revision)
+    dtype = weight_dtype(cfg.model.dtype, cfg.lora.enabled or cfg.lora.qlora, policy.device, policy.precision)
+    kwargs: dict = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
     if src.gguf_file:
         kwargs["gguf_file"] = src.gguf_file
     attn = cfg.model.attn_implementation
@@ -110,11 +113,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
         del kwargs["attn_implementation"]
         model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
     if src.gguf_file:
-        # GGUF weights arrive dequantized; drop the quantizer record so the result saves as plain safetensors.
-        model.config.quantization_config = None
-        if hasattr(model.config, "__dict__"):
-            model.config.__dict__.pop("quantization_config", None)
-        model.hf_quantizer = None
+        drop_gguf_quantizer(model)
     if cfg.model.gradient_checkpointing:
         # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
         if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
@@ -142,25 +141,8 @@ def linear_leaf_names(model: nn.Module) -> list[str]:
 
 
 def find_lora_targets(model: nn.Module, spec: list[str] | str) -> list[str]:
-    """Resolve ``lora.target_modules``: 'auto'/'all-linear' -> every linear projection of the body;
-    an explicit list is checked against the model so a typo fails here, not deep inside PEFT."""
-    present = linear_leaf_names(model)
-    if spec in ("auto", "all-linear"):
-        known = [n for n in KNOWN_TARGETS if n in present]
-        other = [n for n in present if n not in known]
-        targets = known + other
-        if not targets:
-            raise ConfigError("lora.target_modules=auto found no linear layers in this model; list them explicitly.")
-        return targets
-    if isinstance(spec, str):
-        spec = [spec]
-    missing = [t for t in spec if t not in present]
-    if missing:
-        hints = {m: difflib.get_close_matches(m, present, n=1) for m in missing}
-        hint = "; ".join(f"'{m}' -> did you mean '{h[0]}'?" for m, h in hints.items() if h)
-        raise ConfigError(f"lora.target_modules {missing} match no module of this model. Its linear layers are: "
-                          f"{', '.join(present)}. {hint}".strip())
-    return list(spec)
+    """Resolve ``lora.target_modules`` over the model's own linear layers (``anyfit.model.shape``'s rule)."""
+    return resolve_lora_targets(linear_leaf_names(model), spec)
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
@@ -180,3 +162,93 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return trainable, total
+
+
+# Inference: a model, or the output of a training run
+
+
+@dataclass(frozen=True)
+class ModelLocation:
+    """Where the pieces of a model for inference live. ``adapter`` is set for a LoRA output folder."""
+
+    base: str  # hub id or folder of the (base) weights
+    tokenizer: str  # where the tokenizer is read from
+    adapter: str | None = None
+    gguf_file: str | None = None
+
+
+def locate_model(name_or_path: str | Path, tokenizer: str | None = None, revision: str | None = None) -> ModelLocation:
+    """Tell a LoRA output folder from a full model (folder, GGUF file or hub id) and find its tokenizer."""
+    spec = str(name_or_path)
+    path = Path(spec).expanduser()
+    if path.is_dir() and (path / "adapter_config.json").is_file():
+        adapter_cfg = json.loads((path / "adapter_config.json").read_text())
+        base = adapter_cfg.get("base_model_name_or_path")
+        if not base:
+            raise ConfigError(f"{path}/adapter_config.json has no base_model_name_or_path: cannot tell which base "
+                              "model the adapter belongs to.")
+        base = _base_from_training_config(path, base)
+        has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
+        src = ModelSource.from_config(ModelConfig(name_or_path=base, revision=revision))
+        tok = tokenizer or (str(path) if has_tokenizer else src.path)
+        return ModelLocation(base=src.path, tokenizer=tok, adapter=str(path), gguf_file=src.gguf_file)
+    if path.is_dir() and not (path / "config.json").is_file():
+        checkpoints = sorted((p for p in path.glob("checkpoint-*") if p.is_dir()),
+                             key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
+        hint = (f" It holds checkpoints; the newest is {checkpoints[-1]} (pass that folder)." if checkpoints else
+                " Is the training run finished? The final model is written when it ends.")
+        raise ConfigError(f"{path} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json).{hint}")
+    src = ModelSource.from_config(ModelConfig(name_or_path=spec, revision=revision))
+    return ModelLocation(base=src.path, tokenizer=tokenizer or src.path, gguf_file=src.gguf_file)
+
+
+def _base_from_training_config(adapter_dir: Path, base: str) -> str:
+    """PEFT records the folder a GGUF base was read from, which holds no config.json; the training run's
+    config.yaml in the same output folder names the actual file."""
+    local = Path(base).expanduser()
+    run_config = run_config_path(adapter_dir)
+    if local.is_dir() and not (local / "config.json").is_file() and run_config is not None:
+        model = load_config(run_config).model
+        if model.name_or_path:
+            if model.gguf_file and not model.name_or_path.endswith(".gguf"):
+                return str(Path(model.name_or_path) / model.gguf_file)
+            return model.name_or_path
+    return base
+
+
+
+
+def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str | torch.dtype = "auto", *,
+                       merge_lora: bool = False, tokenizer: str | None = None, trust_remote_code: bool = False,
+                       revision: str | None = None):
+    """``(model, tokenizer)`` ready to generate: eval mode, on ``device``, no gradients required.
+
+    A LoRA output folder loads its base model and applies the adapter with PEFT; ``merge_lora`` folds the
+    adapter into the weights (faster generation, no PEFT wrapper left).
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    loc = locate_model(name_or_path, tokenizer, revision)
+    common = dict(trust_remote_code=trust_remote_code, revision=revision)
+    tok = AutoTokenizer.from_pretrained(loc.tokenizer, **({"gguf_file": loc.gguf_file}
+                                                           if loc.tokenizer == loc.base and loc.gguf_file else {}),
+                                        **common)
+    ensure_pad_token(tok, loc.tokenizer)
+    if not isinstance(dtype, torch.dtype):  # "auto" or a dtype name: the runtime policy decides and checks
+        dtype = inference_policy(device, dtype).compute_dtype
+    kwargs = dict(dtype=dtype, **common)
+    if loc.gguf_file:
+        kwargs["gguf_file"] = loc.gguf_file
+    model = AutoModelForCausalLM.from_pretrained(loc.base, **kwargs)
+    if loc.gguf_file:
+        drop_gguf_quantizer(model)
+    if loc.adapter:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, loc.adapter, is_trainable=False)
+        if merge_lora:
+            model = model.merge_and_unload()
+    model.to(device)
+    model.eval()
+    model.requires_grad_(False)
+    return model, tok

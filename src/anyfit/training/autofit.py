@@ -1,101 +1,75 @@
 """Sizing the micro-batch to the machine: a measured probe at start, and halving on out-of-memory.
 
 The effective batch never changes: only the split into micro-batch x accumulation does, and the loss is
-normalised over the whole window, so a different split gives the same update.
+normalised over the whole window, so a different split gives the same update. The candidate sizes come
+from ``anyfit.data.batching.micro_batch_candidates``, the rule ``anyfit plan`` uses too.
 """
 
 from __future__ import annotations
 
-import gc
-import resource
-import sys
-
 import torch
 
-from anyfit.data.batching import BatchPlan, to_device
-
-
-def is_oom(error: BaseException) -> bool:
-    """CUDA raises torch.OutOfMemoryError; MPS and CPU allocators raise RuntimeError with a message."""
-    if isinstance(error, torch.OutOfMemoryError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in text or "failed to allocate" in text
-                                                or "can't allocate memory" in text)
-
-
-def free_memory(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    elif device == "mps":
-        torch.mps.empty_cache()
-
-
-def memory_budget_bytes(device: str, fraction: float) -> int:
-    """How much the run may use: a fraction of the device total (host RAM available on CPU)."""
-    if device == "cuda":
-        return int(torch.cuda.mem_get_info()[1] * fraction)
-    if device == "mps":
-        return int(torch.mps.recommended_max_memory() * fraction)
-    import psutil
-
-    return int((psutil.virtual_memory().available + _rss_now()) * fraction)
-
-
-def _rss_now() -> int:
-    import psutil
-
-    return psutil.Process().memory_info().rss
-
-
-def _peak_bytes(device: str) -> int:
-    if device == "cuda":
-        return torch.cuda.max_memory_allocated()
-    if device == "mps":
-        return torch.mps.driver_allocated_memory()
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # a high-water mark: probes go small to large
-    return rss if sys.platform == "darwin" else rss * 1024
+from anyfit.config import ConfigError
+from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, to_device
+from anyfit.hardware.memory import budget_bytes, is_oom, peak_bytes, release_cached, reset_peak
+from anyfit.training.step import backward_window
 
 
 def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, loss_fn, device: str,
-                      fraction: float, optimizer_bytes: int, echo=print) -> int:
-    """The largest micro-batch (a divisor of the per-process share) whose forward+backward on the longest
-    sequences stays under the budget, counting the optimizer state that the first step will allocate."""
-    budget = memory_budget_bytes(device, fraction)
+                      budget: int, optimizer_bytes: int, echo=print, peak_of=None) -> int:
+    """The largest micro-batch (``choose_micro_batch``) whose forward+backward on the longest sequences
+    stays under ``budget`` bytes, counting the optimizer state that the first step will allocate.
+    ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's)."""
     longest = sorted(range(len(examples)), key=lambda i: -len(examples[i]["input_ids"]))
-    chosen = 1
-    for micro in plan.candidates():
-        if micro > len(examples):
-            break
+
+    def measured(micro: int) -> int | None:
         batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
-        if device == "cuda":
-            torch.cuda.reset_peak_memory_stats()
+        reset_peak(device)
         try:
             loss_fn(model, batch).backward()
-            peak = _peak_bytes(device) + optimizer_bytes
+            peak = peak_bytes(device) + optimizer_bytes
         except Exception as e:  # noqa: BLE001 - only out-of-memory is expected here
             if not is_oom(e):
                 raise
             peak = None
         model.zero_grad(set_to_none=True)
         del batch
-        free_memory(device)
-        gib = f"{peak / 2**30:.2f} GiB" if peak is not None else "out of memory"
+        release_cached(device)
+        return peak
+
+    def peak(micro: int) -> int | None:
+        if micro > len(examples):
+            return None
+        found = (peak_of or measured)(micro)
+        gib = f"{found / 2**30:.2f} GiB" if found is not None else "out of memory"
         echo(f"[anyfit] micro_batch probe: {micro} x {len(examples[longest[0]]['input_ids'])} tokens -> {gib} "
              f"(budget {budget / 2**30:.2f} GiB)")
-        if peak is None or peak > budget:
-            break
-        chosen = micro
-    return chosen
+        return found
+
+    return choose_micro_batch(plan.per_process, peak, budget) or 1
+
+
+def auto_micro_batch(accelerator, model, examples: list[dict], plan: BatchPlan, collate_fn, loss_fn, device: str,
+                     memory_fraction: float, trainable_params: int, echo=print) -> BatchPlan:
+    """``train.micro_batch=auto``: measured, not guessed, on every process; all take the smallest choice.
+
+    No gradient all-reduce during the probe, and the RNG is left as it was (resume stays exact).
+    """
+    rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
+    with accelerator.no_sync(model), torch.random.fork_rng(devices=rng_devices):
+        micro = probe_micro_batch(model, examples, plan, collate_fn, loss_fn, device,
+                                  budget_bytes(device, memory_fraction), optimizer_bytes=8 * trainable_params,
+                                  echo=echo)
+    micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
+    plan = plan.with_micro_batch(micro)
+    echo(f"[anyfit] micro_batch=auto chose {micro}: {plan.describe()}")
+    return plan
 
 
 def halve_micro_batch(plan: BatchPlan, processes: int, error: BaseException) -> BatchPlan:
     """After an out-of-memory error: the largest valid micro-batch at most half the current one, same
     effective batch. Refused with several processes (the others would wait forever in the gradient
     all-reduce) and at micro-batch 1 (nothing left to halve)."""
-    from anyfit.config import ConfigError
-
     if processes > 1:
         raise ConfigError(f"Out of memory with micro-batch {plan.micro_batch} in a {processes}-process run ({error}). "
                           "Set a smaller train.micro_batch (or train.micro_batch=auto), or enable "
@@ -106,3 +80,24 @@ def halve_micro_batch(plan: BatchPlan, processes: int, error: BaseException) -> 
                           "LoRA (lora.enabled=true), lower data.max_length, or run on a device with more memory "
                           "(see 'anyfit plan').") from error
     return plan.with_micro_batch(max(smaller))
+
+
+def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step: int, loss_fn, device: str,
+                        echo=print) -> tuple[torch.Tensor, list[list[int]], int]:
+    """``backward_window`` over the step's window; after an out-of-memory error the partial window is
+    dropped and the step is redone whole with half the micro-batch. Returns (loss sum, example indices
+    per micro-batch, window trainable tokens)."""
+    while True:
+        indices, window_tokens, cpu_batches = stream.get(step)
+        batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
+        try:
+            return backward_window(accelerator, model, batches, window_tokens, loss_fn), indices, window_tokens
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
+            if not is_oom(e):
+                raise
+            del batches
+            optimizer.zero_grad(set_to_none=True)
+            release_cached(device)
+            plan = halve_micro_batch(stream.batches.sampler.plan, accelerator.num_processes, e)
+            stream.replan(plan)
+            echo(f"[anyfit] out of memory at step {step + 1}: retrying the step with {plan.describe()}")

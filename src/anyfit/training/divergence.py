@@ -13,17 +13,21 @@ class TrainingDiverged(RuntimeError):
 
 
 class NonFiniteGuard:
-    """Counts skipped updates. ``record`` takes a host bool (the loop synced to learn it); ``defer`` takes
-    the device flag of a step the optimizer already skipped on the device, read later by ``flush``."""
+    """Counts skipped updates (``skipped`` starts from a resumed run's count)."""
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, skipped: int = 0):
         self.limit = limit
         self.in_a_row = 0
-        self.skipped = 0
+        self.skipped = skipped
         self._pending: list[torch.Tensor] = []
 
-    def defer(self, finite: torch.Tensor) -> None:
-        self._pending.append(finite)
+    def add(self, finite: torch.Tensor | bool) -> None:
+        """A step's flag: a device tensor (the step was already skipped on the device) is read at the next
+        ``flush``; a host bool is counted now."""
+        if isinstance(finite, torch.Tensor):
+            self._pending.append(finite)
+        else:
+            self.record(finite)
 
     def flush(self) -> None:
         """Read the deferred flags (one device-to-host copy for all of them) in step order."""

@@ -1,35 +1,21 @@
-"""Evaluation inside a training run: which records are held out, and the validation loss over them.
+"""Evaluation inside a training run: the validation loss over held-out examples, and generation accuracy.
 
-Generation accuracy comes from ``anyfit.evaluation.evaluate.generation_eval``; this module only decides the held-out
-data and computes the loss the same way training does (summed token loss over all trainable tokens).
+The held-out data are decided in ``anyfit.data.prepare``; generation accuracy comes from
+``anyfit.evaluation.evaluate.generation_eval``. The loss is computed the way training computes it
+(summed token loss over all trainable tokens), without dropout and without touching the RNG.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import random
+from typing import Any
 
 import torch
 
-from anyfit.data.batching import to_device
-
 from anyfit.config import Config
-from anyfit.data.sources import load_records
+from anyfit.data.batching import to_device
+from anyfit.data.prepare import TrainingData
 
-
-def split_eval_records(cfg: Config, records: list[dict]) -> tuple[list[dict], list[dict] | None]:
-    """(training records, held-out records or None). ``eval.holdout`` takes a seeded sample of the
-    training records out of training; ``eval.path``/``eval.split`` read separate data with the data.* settings."""
-    if cfg.eval.holdout:
-        order = list(range(len(records)))
-        random.Random(cfg.train.seed).shuffle(order)
-        held = set(order[:cfg.eval.holdout])
-        return [r for i, r in enumerate(records) if i not in held], [records[i] for i in sorted(held)]
-    if cfg.eval.path or cfg.eval.split:
-        eval_data = dataclasses.replace(cfg.data, path=cfg.eval.path or cfg.data.path,
-                                        split=cfg.eval.split or cfg.data.split, num_samples=None)
-        return records, load_records(eval_data)
-    return records, None
+GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_tokens", "tokens_per_second", "n")
 
 
 @torch.no_grad()
@@ -49,3 +35,35 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
         model.train(was_training)
     totals = accelerator.reduce(totals, reduction="sum")
     return (totals[0] / totals[1].clamp(min=1)).item()
+
+
+class InTrainingEval:
+    """When and what to evaluate during a run (``eval.*``); ``run`` returns the record to log, or None."""
+
+    def __init__(self, cfg: Config, data: TrainingData, tokenizer, collate_fn, loss_fn):
+        self.cfg, self.data, self.tokenizer, self.collate_fn, self.loss_fn = cfg, data, tokenizer, collate_fn, loss_fn
+
+    def due(self, done: int, steps: int) -> tuple[bool, bool]:
+        """(validation loss, generation) due after ``done`` of ``steps`` steps; step 0 is the 'before' check."""
+        e = self.cfg.eval
+        if done == 0:
+            return e.every > 0 and e.generate_before, e.generate_before
+        loss = bool(e.every) and (done % e.every == 0 or done == steps)
+        generate = bool(e.generate_every and done % e.generate_every == 0) or (e.generate_at_end and done == steps)
+        return loss, generate
+
+    def run(self, accelerator, model, done: int, micro_batch: int, loss: bool, generate: bool) -> dict[str, Any] | None:
+        """Validation loss (all processes) and generation accuracy (main process; the others wait)."""
+        record: dict[str, Any] = {"step": done}
+        if loss and self.data.eval_examples:
+            record["val_loss"] = round(validation_loss(accelerator, model, self.data.eval_examples, micro_batch,
+                                                       self.collate_fn, self.loss_fn), 6)
+        if generate and self.data.gen_examples:
+            if accelerator.is_main_process:
+                from anyfit.evaluation.evaluate import generation_eval
+
+                summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer, self.data.gen_examples,
+                                          self.cfg.data, self.cfg.eval.max_new_tokens, self.cfg.eval.batch_size)
+                record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})
+            accelerator.wait_for_everyone()
+        return record if len(record) > 1 else None

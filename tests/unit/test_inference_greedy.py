@@ -1,7 +1,19 @@
+"""Greedy generation with the transformers back end: batching, padding and stopping change nothing."""
+
 import pytest
 import torch
 
-from anyfit.evaluation.generation import greedy_generate, render_chat_prompt
+from anyfit.evaluation.inference import GenerationParams, TransformersBackend
+
+
+def greedy_generate(model, tokenizer, prompts, max_new_tokens, batch_size):
+    params = GenerationParams(max_new_tokens=max_new_tokens, chat=True)
+    return [c.text for c in TransformersBackend(model, tokenizer, batch_size).generate(prompts, params)]
+
+
+def render_chat_prompt(tokenizer, prompt):
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                         add_generation_prompt=True)
 
 PROMPTS = [
     "What is 59 + 63?",

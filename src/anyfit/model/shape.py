@@ -1,0 +1,243 @@
+"""The shape of a decoder-only LM, from its config alone: sizes, parameter counts, KV-cache bytes, LoRA targets.
+
+One owner for these numbers: the planner sizes memory and FLOPs with them, generation sizes its batch
+from ``kv_cache_bytes``, and model loading resolves ``lora.target_modules`` with ``resolve_lora_targets``
+(the planner resolves over the shape's projections, loading over the real model's linear layers, by the
+same rule).
+
+The Llama family and GPT-2 are counted by closed formulas (read from their modeling code); other
+architectures are built on PyTorch's meta device, which allocates nothing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from anyfit.config import ConfigError, ModelConfig
+
+# Leaf names of the projections LoRA usually targets, by architecture family. Used to order and
+# explain the automatic choice; the choice itself comes from the model's own modules.
+KNOWN_TARGETS = (
+    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",  # Llama, Qwen, Mistral, Gemma
+    "c_attn", "c_proj", "c_fc",  # GPT-2
+    "query_key_value", "dense", "dense_h_to_4h", "dense_4h_to_h",  # BLOOM, Falcon, GPT-NeoX
+    "qkv_proj", "gate_up_proj", "out_proj", "fc1", "fc2", "Wqkv", "wq", "wk", "wv", "wo", "w1", "w2", "w3",
+)
+
+
+def resolve_lora_targets(present: list[str], spec: list[str] | str) -> list[str]:
+    """Resolve ``lora.target_modules`` over the linear-layer leaf names ``present`` in the model body:
+    'auto'/'all-linear' -> every one (the well-known projections first); an explicit list is checked so a
+    typo fails here, not deep inside PEFT."""
+    if spec in ("auto", "all-linear"):
+        known = [n for n in KNOWN_TARGETS if n in present]
+        targets = known + [n for n in present if n not in known]
+        if not targets:
+            raise ConfigError("lora.target_modules=auto found no linear layers in this model; list them explicitly.")
+        return targets
+    spec = [spec] if isinstance(spec, str) else list(spec)
+    missing = [t for t in spec if t not in present]
+    if missing:
+        hints = {m: difflib.get_close_matches(m, present, n=1) for m in missing}
+        hint = "; ".join(f"'{m}' -> did you mean '{h[0]}'?" for m, h in hints.items() if h)
+        raise ConfigError(f"lora.target_modules {missing} match no module of this model. Its linear layers are: "
+                          f"{', '.join(present)}. {hint}".strip())
+    return spec
+
+
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A family of linear layers of the decoder body (one per layer): what LoRA can target."""
+
+    name: str  # leaf module name, as lora.target_modules matches it (q_proj, c_attn, ...)
+    d_in: int
+    d_out: int
+    count: int  # modules with this name and shape in the body
+    group: str  # whose output it reads: attn_in | attn_out | mlp_in | mlp_mid | other
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Sizes of a decoder-only LM, read from its config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    tie_word_embeddings: bool
+    params: int  # total, counting tied embeddings once
+    embedding_params: int  # input embeddings (and learned positions)
+    head_params: int  # an untied output head (0 when tied)
+    projections: tuple[Projection, ...]
+    gated_mlp: bool = True
+    counted_by: str = "formula"  # or "meta device"
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def body_linear_params(self) -> int:
+        """Weights of the body's linear layers (what QLoRA quantizes, and most of the matmul FLOPs)."""
+        return sum(p.d_in * p.d_out * p.count for p in self.projections)
+
+    @property
+    def matmul_params(self) -> int:
+        """Weights used in a matmul per token: the body's projections plus the output head (tied or not)."""
+        return self.body_linear_params + self.vocab_size * self.hidden_size
+
+    @property
+    def layer_params(self) -> int:
+        """Parameters of one decoder layer (everything but embeddings, head and final norm, over the layers)."""
+        return (self.params - self.embedding_params - self.head_params) // max(1, self.num_layers)
+
+    def lora_targets(self, spec: list[str] | str) -> list[str]:
+        """Resolve lora.target_modules exactly as model loading does, over this shape's projections."""
+        return resolve_lora_targets(list(dict.fromkeys(p.name for p in self.projections)), spec)
+
+    def lora_params(self, r: int, spec: list[str] | str = "auto") -> int:
+        """Adapter parameters: r x (d_in + d_out) for every targeted linear layer."""
+        targets = set(self.lora_targets(spec))
+        return sum(r * (p.d_in + p.d_out) * p.count for p in self.projections if p.name in targets)
+
+    def describe(self) -> str:
+        tied = "tied" if self.tie_word_embeddings else "untied"
+        return (f"{self.model_type}: {self.params / 1e6:,.1f}M parameters ({self.counted_by}); embeddings "
+                f"{self.embedding_params / 1e6:,.1f}M ({tied}), {self.num_layers} layers, hidden {self.hidden_size}, "
+                f"heads {self.num_heads} (kv {self.num_kv_heads}, head_dim {self.head_dim}), intermediate "
+                f"{self.intermediate_size}, vocab {self.vocab_size:,}")
+
+
+# Llama-family decoders: which biases and extra norms each model type has (read from their modeling code).
+_LLAMA_LIKE = {
+    # model_type: (q/k/v bias, o bias, mlp bias, per-head q/k norms) -- a str is the config attribute to read
+    "llama": ("attention_bias", "attention_bias", "mlp_bias", False),
+    "mistral": (False, False, False, False),
+    "qwen2": (True, False, False, False),
+    "qwen3": ("attention_bias", "attention_bias", False, True),
+    "gemma": ("attention_bias", "attention_bias", False, False),
+}
+
+
+def load_model_config(cfg: ModelConfig):
+    """The transformers config of ``model.name_or_path`` (folder, hub id, or GGUF file); no weights are read."""
+    from transformers import AutoConfig
+
+    from anyfit.model.loading import ModelSource
+
+    src = ModelSource.from_config(cfg)
+    try:
+        return AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file, revision=cfg.revision,
+                                          trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"Cannot read the model config of {cfg.name_or_path!r} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}). Offline, point model.name_or_path at a local folder "
+                          "with config.json or a .gguf file.") from e
+
+
+def model_shape(cfg: ModelConfig) -> ModelShape:
+    """The shape of the configured model, from its config alone."""
+    return shape_from_config(load_model_config(cfg))
+
+
+def shape_from_config(config) -> ModelShape:
+    """Sizes and parameter count from a transformers ``PretrainedConfig``."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    model_type = getattr(text, "model_type", "") or getattr(config, "model_type", "")
+    tied = bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", True)))
+    if model_type in _LLAMA_LIKE:
+        return _llama_like_shape(text, model_type, tied)
+    if model_type == "gpt2":
+        return _gpt2_shape(text)
+    return _meta_shape(config, text, model_type, tied)
+
+
+def _flag(config, value) -> bool:
+    return bool(getattr(config, value, False)) if isinstance(value, str) else value
+
+
+def _llama_like_shape(c, model_type: str, tied: bool) -> ModelShape:
+    qkv_bias, o_bias, mlp_bias, qk_norm = (_flag(c, v) for v in _LLAMA_LIKE[model_type])
+    h, inter, n_layers, vocab = c.hidden_size, c.intermediate_size, c.num_hidden_layers, c.vocab_size
+    heads = c.num_attention_heads
+    kv_heads = getattr(c, "num_key_value_heads", None) or heads
+    head_dim = getattr(c, "head_dim", None) or h // heads
+    q, kv = heads * head_dim, kv_heads * head_dim
+    attention = h * q + 2 * h * kv + q * h + qkv_bias * (q + 2 * kv) + o_bias * h + qk_norm * 2 * head_dim
+    mlp = 3 * h * inter + mlp_bias * (2 * inter + h)
+    layer = attention + mlp + 2 * h  # two RMSNorm weights
+    head = 0 if tied else vocab * h
+    params = vocab * h + n_layers * layer + h + head  # + final norm
+    proj = (Projection("q_proj", h, q, n_layers, "attn_in"), Projection("k_proj", h, kv, n_layers, "attn_in"),
+            Projection("v_proj", h, kv, n_layers, "attn_in"), Projection("o_proj", q, h, n_layers, "attn_out"),
+            Projection("gate_proj", h, inter, n_layers, "mlp_in"), Projection("up_proj", h, inter, n_layers, "mlp_in"),
+            Projection("down_proj", inter, h, n_layers, "mlp_mid"))
+    return ModelShape(model_type, vocab, h, inter, n_layers, heads, kv_heads, head_dim, tied, params, vocab * h, head,
+                      proj)
+
+
+def _gpt2_shape(c) -> ModelShape:
+    h, n_layers, heads, vocab = c.n_embd, c.n_layer, c.n_head, c.vocab_size
+    inter = c.n_inner or 4 * h
+    # LayerNorms have weight and bias; every Conv1D has a bias; positions are learned; the head is tied.
+    layer = 2 * h + (h * 3 * h + 3 * h) + (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h)
+    embeddings = vocab * h + c.n_positions * h
+    params = embeddings + n_layers * layer + 2 * h
+    proj = (Projection("c_attn", h, 3 * h, n_layers, "attn_in"), Projection("c_proj", h, h, n_layers, "attn_out"),
+            Projection("c_fc", h, inter, n_layers, "mlp_in"), Projection("c_proj", inter, h, n_layers, "mlp_mid"))
+    return ModelShape("gpt2", vocab, h, inter, n_layers, heads, heads, h // heads, True, params, embeddings, 0, proj,
+                      gated_mlp=False)
+
+
+def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
+    """Count an architecture without a formula by building it on the meta device (no memory is allocated)."""
+    import torch
+    from torch import nn
+    from transformers import AutoModelForCausalLM
+    from transformers.pytorch_utils import Conv1D
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as e:  # any failure means: no shape for this architecture
+        raise ConfigError(f"anyfit plan has no formula for model_type {model_type!r} and could not build it on the "
+                          f"meta device ({type(e).__name__}: {e}).") from e
+    params = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings()
+    head = model.get_output_embeddings()
+    embeddings = sum(p.numel() for p in emb.parameters())
+    head_params = 0 if head is None or head.weight is emb.weight else sum(p.numel() for p in head.parameters())
+    shapes: dict[tuple[str, int, int], int] = {}
+    for name, module in model.named_modules():
+        if module is head:
+            continue
+        if isinstance(module, nn.Linear):
+            key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features)
+        elif isinstance(module, Conv1D):
+            key = (name.rsplit(".", 1)[-1], module.weight.shape[0], module.weight.shape[1])
+        else:
+            continue
+        shapes[key] = shapes.get(key, 0) + 1
+    h = text.hidden_size
+    heads = text.num_attention_heads
+    return ModelShape(model_type, text.vocab_size, h, getattr(text, "intermediate_size", None) or 4 * h,
+                      text.num_hidden_layers, heads, getattr(text, "num_key_value_heads", None) or heads,
+                      getattr(text, "head_dim", None) or h // heads, tied, params, embeddings, head_params,
+                      tuple(Projection(n, i, o, k, "other") for (n, i, o), k in shapes.items()),
+                      counted_by="meta device")
+
+
+def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype_bytes: int) -> int:
+    """KV cache of generation: 2 (K and V) x layers x kv_heads x head_dim x tokens x batch x bytes."""
+    return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * tokens * batch * dtype_bytes

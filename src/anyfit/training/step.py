@@ -1,0 +1,69 @@
+"""One optimizer step's pieces: the accumulation window's forward/backward, and the update guarded
+against non-finite losses and gradients. Each is a small function with its own tests; the loop in
+``anyfit.training.loop`` only calls them in order."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from anyfit.training.loss import token_loss_sum
+
+
+def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int,
+                    loss_fn=token_loss_sum) -> torch.Tensor:
+    """Forward and backward over one accumulation window; returns this process's summed token loss (detached).
+
+    Each micro-batch's summed loss is divided by the trainable tokens of the *global* window and
+    multiplied by the process count (DDP averages gradients over processes), so the accumulated gradient
+    is d(mean token loss over the window) whatever the split into micro-batches and processes.
+    """
+    scale = accelerator.num_processes / max(1, window_tokens)
+    total = torch.zeros((), device=accelerator.device)
+    for i, batch in enumerate(micro_batches):
+        last = i == len(micro_batches) - 1
+        # Skip the gradient all-reduce on all but the last micro-step: gradients just accumulate locally.
+        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
+        with sync:
+            loss_sum = loss_fn(model, batch)
+            accelerator.backward(loss_sum * scale)
+        total += loss_sum.detach()
+    return total
+
+
+def is_finite_step(loss_sum: torch.Tensor, grad_norm: torch.Tensor, precision: str) -> torch.Tensor:
+    """Whether the update may be applied (a device flag). Under fp16 a non-finite gradient is the loss
+    scaler's business (it skips the step and lowers the scale), not a failure of the run."""
+    if precision == "fp16":
+        return torch.isfinite(loss_sum)
+    return torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+
+
+def skips_on_device(optimizer, precision: str) -> bool:
+    """Whether ``guarded_step`` can skip on the device: the optimizer is fused and no GradScaler owns the
+    ``found_inf`` protocol already (fp16)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps the torch one
+    return precision != "fp16" and bool(inner.defaults.get("fused"))
+
+
+def guarded_step(optimizer, finite: torch.Tensor, on_device: bool) -> torch.Tensor | bool:
+    """Apply the update unless ``finite`` is false; returns the flag (still on the device when ``on_device``).
+
+    ``on_device``: torch's fused AdamW reads a ``found_inf`` tensor set on the optimizer (the protocol torch's
+    GradScaler uses with fused optimizers) and skips the update, step count included, inside its kernel, so
+    the host never waits for the GPU to learn whether the step was finite. Otherwise the flag is read here
+    (a host sync) and a non-finite step is not taken.
+    """
+    if on_device:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        inner.found_inf = (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf
+        return finite
+    finite = bool(finite)
+    if finite:
+        optimizer.step()
+    return finite
