@@ -145,23 +145,22 @@ def this_machine(measure_cpu: bool = False) -> Target:
 
     CPU: the memory now *available* (other processes count), throughput measured when ``measure_cpu``.
     """
-    import psutil
-    import torch
+    from anyfit.hardware.memory import free_bytes, total_bytes
 
     hw = Hardware.detect()
     if hw.cuda:
-        total = torch.cuda.mem_get_info(0)[1] / GIB
+        total = total_bytes("cuda:0") / GIB
         peak, note = cuda_peak(hw.cuda_name)
         return Target("local", hw.cuda_name, "cuda", round(total, 1), peak, 2000.0, num_devices=hw.cuda_count,
                       cuda_capability=hw.cuda_capability, note=("this machine; " + note).rstrip("; "))
     if hw.mps:
         tflops = _apple_chip_tflops()
-        return Target("local", "this Mac (MPS)", "mps", torch.mps.recommended_max_memory() / GIB,
+        return Target("local", "this Mac (MPS)", "mps", total_bytes("mps") / GIB,
                       {"fp32": tflops, "bf16": tflops, "fp16": tflops}, 200.0,
                       note="this machine; Metal's recommended working set")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     measured = {"fp32": measure_cpu_tflops()} if measure_cpu else {}
-    available = psutil.virtual_memory().available / GIB
+    available = free_bytes("cpu") / GIB
     return Target("local", f"this CPU ({cores} cores)", "cpu", round(available, 1),
                   {"fp32": CPU_TFLOPS_PER_CORE * cores}, 20.0, measured=measured,
                   note="this machine: available RAM; " + ("matmul throughput measured" if measured else

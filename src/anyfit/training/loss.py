@@ -75,7 +75,3 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
     logits = model(**inputs, logits_to_keep=batch["keep"], use_cache=False).logits
     return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens)
-
-
-def trained_tokens(batch: dict[str, torch.Tensor]) -> int:
-    return batch["keep_targets"].numel()
