@@ -74,3 +74,33 @@ def test_readme_config_reference_is_current():
     readme = (ROOT / "README.md").read_text()
     section = readme.split("<!-- config-reference:start -->\n", 1)[1].split("<!-- config-reference:end -->", 1)[0]
     assert section == reference_markdown(), "run: uv run python scripts/update_readme.py"
+
+
+def test_layers_run_config_then_file_then_overrides(tmp_path):
+    """eval/generate of a training output: the run's config.yaml is the base, the file and overrides win."""
+    run = tmp_path / "run"
+    run.mkdir()
+    trained = load_config(None, ["data.template=plain", "data.system_prompt=Be brief.", "data.path=train.jsonl",
+                                 "train.learning_rate=3e-4"])
+    (run / "config.yaml").write_text(trained.to_yaml())
+    user = tmp_path / "eval.yaml"
+    user.write_text("data:\n  path: test.jsonl\n")
+    lines = []
+    cfg = load_config(user, ["data.system_prompt=Think."], base=run / "config.yaml", echo=lines.append)
+    assert (cfg.data.template, cfg.data.path, cfg.data.system_prompt) == ("plain", "test.jsonl", "Think.")
+    assert cfg.train.learning_rate == 3e-4  # inherited
+    assert len(lines) == 1 and "data.path, data.system_prompt" in lines[0] and "data.template" not in lines[0]
+    from anyfit.config import run_config_path, set_by_user
+
+    assert run_config_path(run) == run / "config.yaml" and run_config_path(tmp_path) is None
+    assert set_by_user(user, [], "data.path") and set_by_user(None, ["data.split=test"], "data.split")
+    assert not set_by_user(user, [], "data.template")
+
+
+def test_eval_of_a_run_without_data_refuses_the_training_data(tiny_llama_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(load_config(None, ["data.path=train.jsonl"]).to_yaml())
+    assert main(["eval", "--model", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "was trained on train.jsonl" in err and "data.path=" in err

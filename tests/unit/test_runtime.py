@@ -1,4 +1,5 @@
 import pytest
+import torch
 
 from anyfit.config import ConfigError, RuntimeConfig
 from anyfit.hardware.runtime import Hardware, resolve_runtime
@@ -46,3 +47,36 @@ def test_qlora_needs_cuda():
 def test_cpu_forced_on_a_gpu_machine():
     p = resolve_runtime(RuntimeConfig(device="cpu"), H100)
     assert (p.device, p.precision) == ("cpu", "fp32")
+
+
+def test_inference_follows_the_training_policy():
+    """One policy: eval/generate get the dtype training would compute in; never fp16 on MPS by default."""
+    from anyfit.hardware.runtime import inference_policy
+
+    assert inference_policy("auto", "auto", MAC).precision == "fp32"
+    assert inference_policy("auto", "auto", T4).precision == "fp16"
+    assert inference_policy("auto", "auto", H100).compute_dtype == torch.bfloat16
+    assert inference_policy("auto", torch.float16, MAC).precision == "fp16"  # asked for: fine without gradients
+    with pytest.raises(ConfigError):
+        resolve_runtime(RuntimeConfig(precision="fp16"), MAC)  # training refuses it (no loss scaling)
+    with pytest.raises(ConfigError, match="emulated"):
+        inference_policy("auto", "bfloat16", T4)
+    with pytest.raises(ConfigError, match="dtype"):
+        inference_policy("auto", "int8", H100)
+
+
+def test_batch_workers_are_part_of_the_policy_with_a_reason():
+    gpu = resolve_runtime(RuntimeConfig(), H100)
+    cpu = resolve_runtime(RuntimeConfig(device="cpu"), H100)
+    assert (gpu.num_workers, gpu.pin_memory, cpu.num_workers, cpu.pin_memory) == (2, True, 0, False)
+    assert any(r.startswith("batch workers 0") for r in cpu.reasons) and "batch workers=2" in gpu.describe()
+    assert resolve_runtime(RuntimeConfig(device="cpu", num_workers=3), H100).num_workers == 3
+
+
+def test_weight_dtype_is_one_rule():
+    from anyfit.hardware.runtime import weight_dtype
+
+    assert weight_dtype("auto", False, "cuda", "bf16") == torch.float32  # fp32 master weights
+    assert weight_dtype("auto", True, "cuda", "bf16") == torch.bfloat16  # a frozen LoRA base in the compute dtype
+    assert weight_dtype("auto", True, "cpu", "fp32") == torch.float32
+    assert weight_dtype("float16", False, "cpu", "fp32") == torch.float16
