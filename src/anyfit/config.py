@@ -375,7 +375,10 @@ def _file_values(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     try:
         raw = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        what = " ".join(str(getattr(e, "problem", None) or e).split())  # one line: the CLI prints one
+        raise ConfigError(f"{where}: not valid YAML ({what}); check the indentation and brackets there.") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections (model:, data:, train:, ...).")
     lines = _key_lines(text)

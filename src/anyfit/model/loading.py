@@ -44,6 +44,11 @@ class ModelSource:
         if looks_local and not p.is_dir():
             raise ConfigError(f"model.name_or_path: {p} does not exist. Give an existing folder with config.json, "
                               "a .gguf file, or a hub id such as Qwen/Qwen2.5-0.5B.")
+        if looks_local and not (p / "config.json").is_file():
+            ggufs = sorted(f.name for f in p.glob("*.gguf"))
+            hint = (f" It holds {', '.join(ggufs[:3])}: set model.gguf_file (or point at the file)." if ggufs else
+                    " Point it at a Hugging Face model folder (config.json + weights), a .gguf file or a hub id.")
+            raise ConfigError(f"model.name_or_path: {p} has no config.json, so it is not a model folder.{hint}")
         return ModelSource(str(p) if looks_local else cfg.name_or_path)
 
 
