@@ -46,6 +46,9 @@ class ModelConfig:
         "PyTorch's varlen FlashAttention on CUDA bf16/fp16, SDPA per example elsewhere), else sdpa. The others "
         "are transformers' own; with packing they keep examples apart through position_ids.")
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass: less memory, about 30% slower.")
+    checkpoint_every: int = _f(
+        1, "With gradient_checkpointing: recompute every N-th decoder layer only (1: all of them). Larger N keeps "
+        "more activations and recomputes less: a knob between speed and memory.")
 
 
 @dataclass
@@ -106,6 +109,10 @@ class TrainConfig:
     adam_beta1: float = _f(0.9, "AdamW beta1.")
     adam_beta2: float = _f(0.999, "AdamW beta2.")
     adam_eps: float = _f(1e-8, "AdamW epsilon.")
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor"] = _f(
+        "adamw", "adamw: torch's AdamW (fused where it can be). adamw_8bit / paged_adamw_8bit: bitsandbytes' 8-bit "
+        "states (CUDA only; paged moves them to host memory under pressure). adafactor: factored second moments, "
+        "no first moment: a fraction of AdamW's state on every device.")
     lr_schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "Decay after warmup.")
     warmup_steps: int = _f(0, "Linear warmup steps (overrides warmup_ratio when > 0).")
     warmup_ratio: float = _f(0.0, "Warmup as a fraction of the total steps.")
@@ -164,6 +171,12 @@ class RuntimeConfig:
         "0 elsewhere: on a CPU they would compete with training for the cores).")
     compile: bool = _f(False, "torch.compile the model (inductor, dynamic shapes). Off by default until it is "
                        "measured to pay on a GPU (see BENCHMARKS.md).")
+    sharding: Literal["auto", "none", "fsdp"] = _f(
+        "auto", "fsdp: shard weights, gradients and optimizer states over the processes with PyTorch's FSDP2 "
+        "(fully_shard per decoder layer). auto: what 'anyfit plan' recommends for this machine and process count "
+        "(printed with its reason). none: every process holds everything (DDP).")
+    fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
+                            "offload); slower, for models that do not fit in device memory even sharded.")
 
 
 @dataclass
@@ -226,7 +239,70 @@ def _expected(tp: Any) -> str:
     return {int: "an integer", float: "a number", str: "a string", bool: "true or false"}.get(tp, _type_name(tp))
 
 
+_DERIVED = ("anyfit derives accumulation from train.effective_batch = micro_batch x accumulation x processes, so "
+            "the same config keeps its effective batch on any machine and process count")
+# Keys of TRL's SFTConfig / transformers' TrainingArguments and of Axolotl, with anyfit's key and, where
+# the idea differs, why. Answered instead of a "did you mean" guess, which for these names misleads.
+FOREIGN_KEYS: dict[str, tuple[str, str]] = {
+    "per_device_train_batch_size": ("train.micro_batch", "sequences per forward pass per process"),
+    "micro_batch_size": ("train.micro_batch", "sequences per forward pass per process"),
+    "gradient_accumulation_steps": ("train.effective_batch", _DERIVED),
+    "batch_size": ("train.effective_batch", "sequences per optimizer step over all processes; " + _DERIVED),
+    "num_train_epochs": ("train.epochs", ""),
+    "num_epochs": ("train.epochs", ""),
+    "max_steps": ("train.max_steps", ""),
+    "learning_rate": ("train.learning_rate", ""),
+    "lr_scheduler_type": ("train.lr_schedule", "cosine, linear or constant"),
+    "lr_scheduler": ("train.lr_schedule", "cosine, linear or constant"),
+    "warmup_ratio": ("train.warmup_ratio", ""),
+    "warmup_steps": ("train.warmup_steps", ""),
+    "weight_decay": ("train.weight_decay", ""),
+    "max_grad_norm": ("train.max_grad_norm", ""),
+    "optim": ("train.optimizer", "adamw, adamw_8bit, paged_adamw_8bit or adafactor"),
+    "optimizer": ("train.optimizer", "adamw, adamw_8bit, paged_adamw_8bit or adafactor"),
+    "output_dir": ("train.output_dir", ""),
+    "save_steps": ("train.save_every", ""),
+    "save_total_limit": ("train.keep_last", ""),
+    "logging_steps": ("train.log_every", ""),
+    "seed": ("train.seed", ""),
+    "resume_from_checkpoint": ("train.resume", "'auto' or a checkpoint folder"),
+    "packing": ("train.packing", ""),
+    "sample_packing": ("train.packing", ""),
+    "max_seq_length": ("data.max_length", ""),
+    "max_length": ("data.max_length", ""),
+    "sequence_len": ("data.max_length", ""),
+    "dataset_text_field": ("data.fields", "e.g. data.fields={text: your_column}"),
+    "completion_only_loss": ("data.train_on", "completion (the default) or all"),
+    "assistant_only_loss": ("data.train_on", "completion (the default: assistant turns) or all"),
+    "train_on_inputs": ("data.train_on", "train_on_inputs: true is data.train_on=all"),
+    "eval_steps": ("eval.every", ""),
+    "model_name_or_path": ("model.name_or_path", ""),
+    "base_model": ("model.name_or_path", ""),
+    "gradient_checkpointing": ("model.gradient_checkpointing", ""),
+    "bf16": ("runtime.precision", "runtime.precision=bf16 (auto picks it where the GPU has native bf16)"),
+    "fp16": ("runtime.precision", "runtime.precision=fp16 (auto picks it on GPUs without native bf16)"),
+    "torch_compile": ("runtime.compile", ""),
+    "lora_r": ("lora.r", ""),
+    "lora_alpha": ("lora.alpha", ""),
+    "lora_dropout": ("lora.dropout", ""),
+    "lora_target_modules": ("lora.target_modules", ""),
+    "adapter": ("lora.enabled", "adapter: lora is lora.enabled=true; qlora is lora.qlora=true"),
+    "load_in_4bit": ("lora.qlora", "4-bit base with LoRA on top"),
+}
+
+
+def _foreign(key: str) -> str:
+    """The answer for a TRL/transformers/Axolotl key, or ''."""
+    name = key.split(".")[-1]
+    if name not in FOREIGN_KEYS:
+        return ""
+    ours, why = FOREIGN_KEYS[name]
+    return f" '{name}' is how TRL/transformers/Axolotl call it; anyfit's key is {ours}" + (f" ({why})." if why else ".")
+
+
 def _suggest(key: str, choices: list[str]) -> str:
+    if _foreign(key):
+        return _foreign(key)
     close = difflib.get_close_matches(key, choices, n=1, cutoff=0.5)
     if not close:  # also try matching the last part alone: 'lr_schedule' typed under the wrong section
         tail = key.split(".")[-1]
@@ -439,6 +515,7 @@ def validate(cfg: Config) -> None:
         ("train.log_every", t.log_every, 1),
         ("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
         ("data.max_length", cfg.data.max_length, 2),
+        ("model.checkpoint_every", cfg.model.checkpoint_every, 1),
         ("lora.r", cfg.lora.r, 1),
     ]:
         if value < low:

@@ -90,3 +90,24 @@ def test_persistent_nonfinite_stops_with_a_diagnosis(tiny_qwen2_dir, tmp_path):
     assert "3 optimizer steps in a row" in msg and "Device cpu" in msg and "learning rate 0.5" in msg
     # the newest checkpoint (written during the streak, whose updates were all skipped) is named and kept
     assert "checkpoint-6" in msg and (tmp_path / "o" / "checkpoint-6" / "trainer_state.json").exists()
+
+
+def test_resume_auto_skips_a_damaged_newest_checkpoint(tiny_llama_dir, tmp_path, capsys):
+    """The newest checkpoint cut short (a full disk, a copy interrupted): resume=auto names it, takes the one
+    before and finishes the run."""
+    cfg, steps = resume_config(tmp_path, tiny_llama_dir, lora=False), 6
+    out = tmp_path / "run"
+    args = [f"train.output_dir={out}", f"train.max_steps={steps}"]
+    train(load_config(cfg, args), echo=lambda *a: None)
+    assert {p.name for p in out.glob("checkpoint-*")} == {"checkpoint-2", "checkpoint-4"}
+    newest = out / "checkpoint-4" / "model.safetensors"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    # naming the damaged checkpoint explicitly is refused in one line
+    with pytest.raises(ConfigError, match="model.safetensors has 1000 bytes"):
+        train(load_config(cfg, [*args, f"train.resume={newest.parent}"]))
+    lines = []
+    result = train(load_config(cfg, [*args, "train.resume=auto"]), echo=lines.append)
+    said = "\n".join(lines) + capsys.readouterr().err
+    assert f"skipping checkpoint {newest.parent}: model.safetensors has 1000 bytes" in said
+    assert f"resumed from {out / 'checkpoint-2'} at step 2" in said
+    assert result.steps == steps and metric_steps(out) == list(range(1, steps + 1))

@@ -104,3 +104,23 @@ def test_eval_of_a_run_without_data_refuses_the_training_data(tiny_llama_dir, tm
     assert main(["eval", "--model", str(run)]) == 2
     err = capsys.readouterr().err
     assert "was trained on train.jsonl" in err and "data.path=" in err
+
+
+@pytest.mark.parametrize("item,ours", [
+    ("per_device_train_batch_size=4", "train.micro_batch"), ("train.gradient_accumulation_steps=8", "train.effective_batch"),
+    ("num_train_epochs=3", "train.epochs"), ("micro_batch_size=2", "train.micro_batch"),
+    ("sequence_len=2048", "data.max_length"), ("lr_scheduler_type=cosine", "train.lr_schedule"),
+    ("train_on_inputs=false", "data.train_on"), ("bf16=true", "runtime.precision")])
+def test_trl_and_axolotl_keys_are_answered_with_anyfits_key(item, ours):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [item])
+    message = str(e.value)
+    assert f"anyfit's key is {ours}" in message and "Did you mean" not in message
+    if "accumulation" in item:
+        assert "derives accumulation" in message
+
+
+def test_every_foreign_key_points_at_a_real_key():
+    from anyfit.config import FOREIGN_KEYS, all_keys
+
+    assert {ours for ours, _ in FOREIGN_KEYS.values()} <= set(all_keys())

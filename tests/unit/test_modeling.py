@@ -65,8 +65,11 @@ def test_pad_token_is_set_when_missing(tiny_llama_dir, tmp_path):
     assert load_tokenizer(ModelConfig(name_or_path=str(tmp_path))).pad_token is not None
 
 
-def test_model_sources():
-    assert ModelSource.from_config(ModelConfig(name_or_path="Qwen/Qwen2.5-0.5B")) == ModelSource("Qwen/Qwen2.5-0.5B")
+def test_model_sources(monkeypatch, tiny_llama_dir):
+    assert ModelSource.from_config(ModelConfig(name_or_path=str(tiny_llama_dir))) == ModelSource(str(tiny_llama_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a hub id is checked before anything loads: offline, one line
+    with pytest.raises(ConfigError, match="Qwen/Qwen2.5-0.5B"):
+        ModelSource.from_config(ModelConfig(name_or_path="Qwen/Qwen2.5-0.5B"))
     with pytest.raises(ConfigError, match="does not exist"):
         ModelSource.from_config(ModelConfig(name_or_path="./no/such/folder"))
     with pytest.raises(ConfigError, match="GGUF file"):

@@ -18,6 +18,7 @@ from torch import nn
 
 from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig, load_config, run_config_path
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
+from anyfit.model.hub import check_model_id, looks_local
 from anyfit.model.shape import resolve_lora_targets
 
 
@@ -39,17 +40,22 @@ class ModelSource:
                 raise ConfigError(f"model.name_or_path: GGUF file {p} does not exist.")
             return ModelSource(str(p.parent), p.name)
         if cfg.gguf_file:
+            if not p.exists():  # a hub repository of GGUF files: checked fast, one line if it is not there
+                check_model_id(cfg.name_or_path, cfg.revision, cfg.gguf_file)
             return ModelSource(str(p) if p.exists() else cfg.name_or_path, cfg.gguf_file)
-        looks_local = cfg.name_or_path.startswith((".", "/", "~")) or p.exists()
-        if looks_local and not p.is_dir():
+        local = looks_local(cfg.name_or_path)
+        if not local:  # a hub id: found (cached or online) in about a second, or a one-line error
+            check_model_id(cfg.name_or_path, cfg.revision)
+            return ModelSource(cfg.name_or_path)
+        if not p.is_dir():
             raise ConfigError(f"model.name_or_path: {p} does not exist. Give an existing folder with config.json, "
                               "a .gguf file, or a hub id such as Qwen/Qwen2.5-0.5B.")
-        if looks_local and not (p / "config.json").is_file():
+        if not (p / "config.json").is_file():
             ggufs = sorted(f.name for f in p.glob("*.gguf"))
             hint = (f" It holds {', '.join(ggufs[:3])}: set model.gguf_file (or point at the file)." if ggufs else
                     " Point it at a Hugging Face model folder (config.json + weights), a .gguf file or a hub id.")
             raise ConfigError(f"model.name_or_path: {p} has no config.json, so it is not a model folder.{hint}")
-        return ModelSource(str(p) if looks_local else cfg.name_or_path)
+        return ModelSource(str(p))
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -59,6 +65,7 @@ def load_tokenizer(cfg: ModelConfig):
     src = ModelSource.from_config(cfg)
     kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
     if cfg.tokenizer:
+        check_model_id(cfg.tokenizer, cfg.revision, key="model.tokenizer")
         tok = AutoTokenizer.from_pretrained(cfg.tokenizer, **kwargs)
     else:
         tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file, **kwargs)
@@ -120,15 +127,30 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
     if src.gguf_file:
         drop_gguf_quantizer(model)
     if cfg.model.gradient_checkpointing:
-        # Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads.
-        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
+        enable_checkpointing(model, cfg.model.checkpoint_every)
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
     return model
+
+
+def enable_checkpointing(model: nn.Module, every: int = 1) -> None:
+    """Activation checkpointing through transformers' own layers, on every ``every``-th decoder layer.
+
+    Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads. Every
+    decoder layer of transformers is a ``GradientCheckpointingLayer`` with its own ``gradient_checkpointing``
+    switch: enabling it model-wide and switching it off on the layers in between keeps their activations
+    (more memory, less recomputation).
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i % every == 0
 
 
 def linear_leaf_names(model: nn.Module) -> list[str]:

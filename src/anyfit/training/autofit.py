@@ -12,14 +12,16 @@ import torch
 from anyfit.config import ConfigError
 from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, to_device
 from anyfit.hardware.memory import budget_bytes, is_oom, peak_bytes, release_cached, reset_peak
+from anyfit.training.sharding import gradient_sync, is_sharded
 from anyfit.training.step import backward_window
 
 
 def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, loss_fn, device: str,
-                      budget: int, optimizer_bytes: int, echo=print, peak_of=None) -> int:
+                      budget: int, optimizer_bytes: int, echo=print, peak_of=None, agree=None) -> int:
     """The largest micro-batch (``choose_micro_batch``) whose forward+backward on the longest sequences
     stays under ``budget`` bytes, counting the optimizer state that the first step will allocate.
-    ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's)."""
+    ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's); ``agree(peak)``
+    turns this process's peak into the one all processes use."""
     longest = sorted(range(len(examples)), key=lambda i: -len(examples[i]["input_ids"]))
 
     def measured(micro: int) -> int | None:
@@ -38,9 +40,11 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
         return peak
 
     def peak(micro: int) -> int | None:
-        if micro > len(examples):
+        if micro > len(examples):  # the same on every process: no agreement needed to stop here
             return None
         found = (peak_of or measured)(micro)
+        if agree is not None:
+            found = agree(found)
         gib = f"{found / 2**30:.2f} GiB" if found is not None else "out of memory"
         echo(f"[anyfit] micro_batch probe: {micro} x {len(examples[longest[0]]['input_ids'])} tokens -> {gib} "
              f"(budget {budget / 2**30:.2f} GiB)")
@@ -53,17 +57,28 @@ def auto_micro_batch(accelerator, model, examples: list[dict], plan: BatchPlan, 
                      memory_fraction: float, trainable_params: int, echo=print) -> BatchPlan:
     """``train.micro_batch=auto``: measured, not guessed, on every process; all take the smallest choice.
 
-    No gradient all-reduce during the probe, and the RNG is left as it was (resume stays exact).
+    No gradient reduction during the probe, and the RNG is left as it was (resume stays exact). A sharded
+    model gathers weights in every forward (a collective), so its processes probe in lockstep: each candidate
+    is judged by the largest peak of all processes, and each holds 1/N of the optimizer state.
     """
+    sharded = is_sharded(model)
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
-    with accelerator.no_sync(model), torch.random.fork_rng(devices=rng_devices):
+    with gradient_sync(accelerator, model, sync=False), torch.random.fork_rng(devices=rng_devices):
         micro = probe_micro_batch(model, examples, plan, collate_fn, loss_fn, device,
-                                  budget_bytes(device, memory_fraction), optimizer_bytes=8 * trainable_params,
-                                  echo=echo)
+                                  budget_bytes(device, memory_fraction),
+                                  optimizer_bytes=8 * trainable_params // (accelerator.num_processes if sharded else 1),
+                                  echo=echo, agree=(lambda peak: _largest_of_all(accelerator, peak)) if sharded else None)
     micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
     plan = plan.with_micro_batch(micro)
     echo(f"[anyfit] micro_batch=auto chose {micro}: {plan.describe()}")
     return plan
+
+
+def _largest_of_all(accelerator, peak: int | None) -> int | None:
+    """The largest peak over the processes (out of memory anywhere counts as out of memory)."""
+    value = torch.tensor([float("inf") if peak is None else float(peak)], device=accelerator.device)
+    largest = float(accelerator.gather(value).max())
+    return None if largest == float("inf") else int(largest)
 
 
 def halve_micro_batch(plan: BatchPlan, processes: int, error: BaseException) -> BatchPlan:

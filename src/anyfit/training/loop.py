@@ -27,14 +27,16 @@ from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import count_parameters, load_model, load_tokenizer
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
-from anyfit.training.checkpoint import load_checkpoint, resolve_resume, save_checkpoint, save_model
+from anyfit.training.checkpoint import (complete_checkpoints, load_checkpoint, resolve_resume, save_checkpoint,
+                                        save_model)
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
 from anyfit.training.interruption import StopOnSignal
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.metrics import MetricsLog, StepMeter
-from anyfit.training.optim import build_optimizer, build_scheduler
-from anyfit.training.outputs import check_output_dir, describe_run, start_run_dir
-from anyfit.training.step import guarded_step, is_finite_step, skips_on_device
+from anyfit.training.optim import build_optimizer, build_scheduler, check_optimizer
+from anyfit.training.outputs import check_output_dir, describe_run, record_held_per_process, start_run_dir
+from anyfit.training.sharding import decide_sharding, shard_model
+from anyfit.training.step import clip_gradients, guarded_step, is_finite_step, skips_on_device
 from anyfit.training.validation import InTrainingEval
 
 
@@ -87,10 +89,11 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     from accelerate.utils import set_seed
 
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
+    check_optimizer(cfg.train.optimizer, policy.device)
     accelerator = make_accelerator(policy, cfg.runtime.compile)
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
-    resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir))
+    resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir), warn=say)
     out = check_output_dir(cfg, resuming=resume_from is not None)  # before any heavy work
     say(f"[anyfit] runtime: {policy.describe()}")
     say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is "
@@ -108,14 +111,19 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     sampler = WindowSampler.of(data.examples, plan, accelerator.process_index, cfg.train.seed)
     steps = total_steps(cfg, sampler, say)
 
-    # model and optimizer
+    # model and optimizer: sharded with FSDP2 (anyfit.training.sharding), or replicated by Accelerate (DDP)
+    sharded, why = decide_sharding(cfg, policy.precision, accelerator.num_processes)
+    say(f"[anyfit] {why}")
     model = load_model(cfg, policy, accelerator.local_process_index)
     trainable, total = count_parameters(model)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
+    if sharded:
+        model = shard_model(model, policy.compute_dtype, cfg.runtime.fsdp_offload, accelerator.device)
     optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if not sharded:
+        model, optimizer = accelerator.prepare(model, optimizer)
     model.train()
     if cfg.train.micro_batch == "auto":
         plan = sampler.plan = auto_micro_batch(accelerator, model, data.examples, plan, collate_fn, loss_fn,
@@ -163,7 +171,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
         state = {"epoch": (done - 1) // steps_per_epoch, "total_steps": run.steps,
                  "skipped_steps": guard.skipped}
         return save_checkpoint(acc, run.out, done, model, optimizer, run.scheduler, run.tokenizer, cfg.to_yaml(),
-                               state, cfg.train.keep_last)
+                               state, cfg.train.keep_last, cfg.model)
 
     if run.start == 0:
         evaluate(0)
@@ -172,7 +180,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
         for step in range(run.start, run.steps):
             loss_sum, indices, window_tokens = backward_with_retry(acc, model, optimizer, run.stream, step,
                                                                    run.loss_fn, run.policy.device, say)
-            grad_norm = acc.clip_grad_norm_(model.parameters(), max_norm)
+            grad_norm = clip_gradients(acc, model, max_norm)
             finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision), on_device)
             run.scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -185,8 +193,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
             if log_now:
                 guard.flush()  # deferred on-device flags are read here, once per logged step
             if guard.exhausted:
-                last = resolve_resume("auto", run.out)
-                raise TrainingDiverged(diagnosis(cfg, run.policy, done, str(last) if last else None))
+                kept = complete_checkpoints(run.out)  # listed, not verified: nothing may hide the diagnosis
+                raise TrainingDiverged(diagnosis(cfg, run.policy, done, str(kept[-1]) if kept else None))
             if log_now:
                 record = meter.line(acc, run.policy.device, step=done, lr=run.scheduler.get_last_lr()[0],
                                     grad_norm=round(float(grad_norm), 6), epoch=round(step / steps_per_epoch, 4),
@@ -204,6 +212,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
     bar.close()
     guard.flush()
     result.skipped_steps = guard.skipped
+    record_held_per_process(run.out, acc, model, optimizer)
     if guard.skipped:
         say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")
     if result.interrupted:
@@ -211,7 +220,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
     else:  # the final model: loadable by transformers (or PEFT for an adapter)
-        save_model(acc, model, run.tokenizer, run.out)
+        save_model(acc, model, run.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
     acc.end_training()

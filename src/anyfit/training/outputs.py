@@ -56,3 +56,21 @@ def describe_run(policy, plan, steps: int, report, trainable: int, total: int) -
                        "num_workers": policy.num_workers, "reasons": list(policy.reasons)},
             "batch": plan.__dict__, "steps": steps, "data": report.__dict__, "versions": versions(),
             "parameters": {"trainable": trainable, "total": total}}
+
+
+def record_held_per_process(out: Path, accelerator, model, optimizer) -> dict[str, list[int]]:
+    """Add to ``run_info.json`` how many parameter and optimizer-state elements each process holds (collective:
+    every process calls it). Sharded, each holds about 1/N; replicated, each holds everything."""
+    import torch
+
+    from anyfit.training.sharding import local_numel
+
+    states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim > 0]
+    mine = torch.tensor([local_numel(model.parameters()), local_numel(states)], device=accelerator.device)
+    every = accelerator.gather(mine.unsqueeze(0)).tolist()
+    held = {"parameters": [row[0] for row in every], "optimizer_states": [row[1] for row in every]}
+    if accelerator.is_main_process:
+        info = json.loads((out / "run_info.json").read_text())
+        info["held_per_process"] = held
+        (out / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
+    return held

@@ -4,11 +4,10 @@ against non-finite losses and gradients. Each is a small function with its own t
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
 from anyfit.training.loss import token_loss_sum
+from anyfit.training.sharding import gradient_sync
 
 
 def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int,
@@ -17,19 +16,25 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
 
     Each micro-batch's summed loss is divided by the trainable tokens of the *global* window and
     multiplied by the process count (DDP averages gradients over processes), so the accumulated gradient
-    is d(mean token loss over the window) whatever the split into micro-batches and processes.
+    is d(mean token loss over the window) whatever the split into micro-batches and processes (FSDP's
+    reduce-scatter averages over processes as DDP's all-reduce does).
     """
     scale = accelerator.num_processes / max(1, window_tokens)
     total = torch.zeros((), device=accelerator.device)
     for i, batch in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        # Skip the gradient all-reduce on all but the last micro-step: gradients just accumulate locally.
-        sync = contextlib.nullcontext() if last else accelerator.no_sync(model)
-        with sync:
+        # Reduce gradients on the last micro-step only: before it they just accumulate locally.
+        with gradient_sync(accelerator, model, sync=i == len(micro_batches) - 1):
             loss_sum = loss_fn(model, batch)
             accelerator.backward(loss_sum * scale)
         total += loss_sum.detach()
     return total
+
+
+def clip_gradients(accelerator, model, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (over all processes' shards when sharded); returns the norm before clipping."""
+    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2: the same value on every process
+    return full_tensor() if full_tensor is not None else norm
 
 
 def is_finite_step(loss_sum: torch.Tensor, grad_norm: torch.Tensor, precision: str) -> torch.Tensor:

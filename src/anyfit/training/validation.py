@@ -14,14 +14,18 @@ import torch
 from anyfit.config import Config
 from anyfit.data.batching import to_device
 from anyfit.data.prepare import TrainingData
+from anyfit.training.sharding import is_sharded
 
 GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_tokens", "tokens_per_second", "n")
 
 
 @torch.no_grad()
 def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, collate_fn, loss_fn) -> float:
-    """Mean token loss over every trainable token of ``examples``, split over the processes."""
-    mine = examples[accelerator.process_index::accelerator.num_processes]
+    """Mean token loss over every trainable token of ``examples``, split over the processes. A sharded model
+    needs every process in every forward (weights are gathered layer by layer), so there each process runs
+    all examples and no reduction is needed."""
+    sharded = is_sharded(model)
+    mine = examples if sharded else examples[accelerator.process_index::accelerator.num_processes]
     mine = sorted(mine, key=lambda e: -len(e["input_ids"]))  # similar lengths together: less padding
     totals = torch.zeros(2, device=accelerator.device)
     was_training = model.training
@@ -33,7 +37,8 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
             totals[1] += batch["keep_targets"].numel()
     finally:
         model.train(was_training)
-    totals = accelerator.reduce(totals, reduction="sum")
+    if not sharded:
+        totals = accelerator.reduce(totals, reduction="sum")
     return (totals[0] / totals[1].clamp(min=1)).item()
 
 

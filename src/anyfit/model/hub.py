@@ -1,0 +1,106 @@
+"""Checking a model name that is not a local path before anything loads it.
+
+Without this, a typo (``Qwen/Qwen2.5-0.5b-instrukt``) or a model that is not cached while offline reaches
+``from_pretrained``, which retries for about 30 s and ends in a long traceback. Here the same mistakes
+are one-line ``ConfigError``s: offline, the local hub cache is looked at (no network, well under a
+second); online, a model that is not cached costs one metadata request (a HEAD on its config.json) with a
+short timeout and no retries.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from anyfit.config import ConfigError
+
+# One HEAD on the hub answers in well under a second; a link that needs longer than this for it would not
+# download the weights either. Only models missing from the local cache ever wait on it.
+TIMEOUT_S = 5.0
+
+
+def looks_local(name: str) -> bool:
+    """Whether ``model.name_or_path`` names a local path, by the rule ``ModelSource`` applies: an explicit
+    path prefix, a .gguf file, or anything that exists here."""
+    return name.startswith((".", "/", "~")) or name.endswith(".gguf") or Path(name).expanduser().exists()
+
+
+def offline() -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set now, or when huggingface_hub was imported."""
+    from huggingface_hub import constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return constants.HF_HUB_OFFLINE or flag.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def endpoint() -> str:
+    from huggingface_hub import constants
+
+    return (os.environ.get("HF_ENDPOINT") or constants.ENDPOINT).rstrip("/")
+
+
+def is_cached(repo_id: str, filename: str, revision: str | None = None) -> bool:
+    """Whether the local hub cache holds ``filename`` of the model at ``revision`` (default: main)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(repo_id, filename, revision=revision), str)
+
+
+def check_model_id(name: str, revision: str | None = None, gguf_file: str | None = None,
+                   key: str = "model.name_or_path", timeout: float = TIMEOUT_S) -> None:
+    """Raise a one-line ConfigError unless ``name`` is a local path or a model that can be loaded from the
+    hub: cached locally, or (online) found there. ``gguf_file`` is the file to look for instead of
+    config.json (a GGUF repository has none); ``key`` names the setting in the messages."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+    from huggingface_hub.utils import validate_repo_id
+
+    if looks_local(name):
+        return
+    at = f" at revision {revision!r}" if revision else ""
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ConfigError(f"{key}: {name!r} is not an existing path (relative paths are taken from {Path.cwd()}) "
+                          "and not a valid hub id such as Qwen/Qwen2.5-0.5B-Instruct.") from None
+    filename = gguf_file or "config.json"
+    not_local = f"it is not a local path either (relative paths are taken from {Path.cwd()})"
+    if is_cached(name, filename, revision):
+        return  # from_pretrained finds it without the network (and refreshes it when it can)
+    if offline():
+        raise ConfigError(f"{key}: offline (HF_HUB_OFFLINE is set) and {name}{at} is not in the local cache, and "
+                          f"{not_local}: download it first (hf download {name}) or give a local folder.")
+    try:
+        get_hf_file_metadata(hf_hub_url(name, filename, revision=revision, endpoint=endpoint()), timeout=timeout,
+                             retry_on_errors=False)
+        return
+    except GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
+        raise ConfigError(f"{key}: {name} is gated: accept its conditions on {endpoint()}/{name} and log in "
+                          "(hf auth login, or set HF_TOKEN).") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{key}: the hub has no model {name!r} (or it is private and you are not logged in), "
+                          f"and {not_local}. Check the spelling and the case, e.g. Qwen/Qwen2.5-0.5B-Instruct.") from None
+    except RevisionNotFoundError:
+        raise ConfigError(f"model.revision: {revision!r} is not a branch, tag or commit of {name}.") from None
+    except EntryNotFoundError:
+        hint = "" if gguf_file else " Is it a GGUF-only repository? Then set model.gguf_file to one of its .gguf files."
+        raise ConfigError(f"{key}: {name}{at} is on the hub but has no {filename}.{hint}") from None
+    except Exception as e:  # the hub could not be asked: a network error, a timeout, or the hub failing
+        if not (isinstance(e, (OSError, HfHubHTTPError, TimeoutError)) or _from_http_library(e)):
+            raise
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up {name} ({reason}); it is not in "
+                          f"the local cache, and {not_local}: check the network (or HF_ENDPOINT), or download the "
+                          "model / give a local folder.") from None
+
+
+def _from_http_library(error: Exception) -> bool:
+    """Transport errors of whichever HTTP client huggingface_hub uses (httpx, its fork httpx2, requests)."""
+    return type(error).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3")

@@ -1,0 +1,146 @@
+"""Sharded training with PyTorch's own FSDP2 (``torch.distributed.fsdp.fully_shard``), on CPU and CUDA alike.
+
+Each decoder layer becomes one FSDP unit and the root module takes what is left (embeddings, final norm,
+head): every process keeps 1/N of the weights, gradients and optimizer states, and gathers one layer's
+weights at a time for its forward and backward.
+
+Why anyfit applies FSDP2 itself instead of Accelerate's FSDP plugin: the plugin is ignored on CPU
+(Accelerate keeps the MULTI_CPU distributed type there), so a code path that only shards through it cannot
+be tested on a CPU, and a CPU run would silently train unsharded. ``fully_shard`` runs the same way over gloo
+and NCCL; Accelerate stays the launcher and keeps the process group, devices and reductions.
+
+Checkpoints of a sharded run are written with ``torch.distributed.checkpoint`` (each process writes its
+shards; a checkpoint written by N processes loads on M), the final model as one ordinary safetensors folder
+gathered on the main process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from anyfit.config import Config, ConfigError
+
+SHARDED_DIR = "sharded"  # inside a checkpoint folder: the torch.distributed.checkpoint files
+
+
+def is_sharded(model: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated blocks of a decoder: the largest ``nn.ModuleList`` whose entries share one class (found by
+    structure, so it works for Llama/Qwen ``model.layers``, GPT-2 ``transformer.h`` and PEFT-wrapped models)."""
+    best: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, nn.ModuleList) and len(module) > len(best) and len({type(m) for m in module}) == 1:
+            best = list(module)
+    if not best:
+        raise ConfigError(f"runtime.sharding=fsdp: no stack of decoder layers found in {type(model).__name__}.")
+    return best
+
+
+def decide_sharding(cfg: Config, precision: str, processes: int) -> tuple[bool, str]:
+    """Whether this run shards, and the reason printed with it."""
+    mode = cfg.runtime.sharding
+    if mode == "none":
+        if cfg.runtime.fsdp_offload:
+            raise ConfigError("runtime.fsdp_offload=true needs sharding: set runtime.sharding=fsdp (or auto).")
+        return False, "sharding none: asked for in the config"
+    if mode == "auto" and not cfg.runtime.fsdp_offload:
+        if processes == 1:
+            return False, "sharding none: one process, nothing to shard over (auto)"
+        from anyfit.hardware.planner import recommend_sharding
+        from anyfit.hardware.presets import this_machine
+        from anyfit.model.shape import model_shape
+
+        use, why = recommend_sharding(cfg, model_shape(cfg.model), this_machine(), processes)
+        if not use:
+            return False, f"sharding none (auto): {why}"
+        reason = f"sharding fsdp (auto): {why}"
+    else:
+        reason = "sharding fsdp" + (" with CPU offload" if cfg.runtime.fsdp_offload else "") + \
+            (": asked for in the config" if mode == "fsdp" else " (auto): runtime.fsdp_offload=true")
+    if precision == "fp16":
+        raise ConfigError("runtime.sharding with fp16: loss scaling of sharded gradients is not supported by anyfit. "
+                          "Use runtime.precision=bf16 (Ampere or newer) or fp32, or runtime.sharding=none.")
+    if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
+        raise ConfigError("eval.generate_* during a sharded run: generation runs on one process, which cannot hold "
+                          "the sharded model. Keep the validation loss (eval.every) and run 'anyfit eval' on the "
+                          "output afterwards, or set runtime.sharding=none.")
+    return True, reason
+
+
+def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, device: torch.device) -> nn.Module:
+    """FSDP2 full sharding, one unit per decoder layer plus the root. Under bf16 the gathered weights are cast
+    to bf16 for compute while gradients are reduced and weights updated in fp32 (FSDP2's mixed precision,
+    which replaces autocast here); offload keeps parameters and optimizer states in host RAM."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if not offload:
+        model.to(device)
+    mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
+        if compute_dtype != torch.float32 else MixedPrecisionPolicy()
+    policy = dict(mp_policy=mixed, offload_policy=CPUOffloadPolicy() if offload else OffloadPolicy())
+    for layer in decoder_layers(model):
+        fully_shard(layer, **policy)
+    fully_shard(model, **policy)
+    return model
+
+
+@contextlib.contextmanager
+def gradient_sync(accelerator, model: nn.Module, sync: bool):
+    """Reduce gradients across processes in this backward or not. DDP: Accelerate's ``no_sync``; FSDP2:
+    ``set_requires_gradient_sync`` (gradients stay unsharded and local until the last micro-step, which
+    reduce-scatters once per window instead of once per micro-batch)."""
+    if is_sharded(model):
+        model.set_requires_gradient_sync(sync)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    elif sync:
+        yield
+    else:
+        with accelerator.no_sync(model):
+            yield
+
+
+def local_numel(tensors) -> int:
+    """Elements this process holds (a DTensor counts its local shard only)."""
+    from torch.distributed.tensor import DTensor
+
+    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() for t in tensors)
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Every weight, gathered whole on the CPU of the main process (collective: all processes call it;
+    the others get an empty dict)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def save_sharded(model: nn.Module, optimizer, directory: Path) -> None:
+    """Each process writes its shards of the weights and optimizer states (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory / SHARDED_DIR))
+
+
+def load_sharded(model: nn.Module, optimizer, directory: Path) -> None:
+    """Read shards written by any number of processes into this run's sharding (collective)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state = {"model": model_state, "optimizer": optim_state}
+    dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])

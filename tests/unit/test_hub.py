@@ -1,0 +1,153 @@
+"""Model names that are not local paths: one-line errors, fast, offline or with a typo, without the hub.
+
+The hub is never contacted: offline mode, a closed port (connection refused at once) and a stand-in hub
+on localhost that answers the way huggingface.co does (status and X-Error-Code headers)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from anyfit.config import ConfigError
+from anyfit.model.hub import check_model_id, looks_local
+
+UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+
+
+def run_check(tmp_path, name: str, **env: str) -> dict:
+    """check_model_id in a fresh interpreter (huggingface_hub reads HF_* settings at import) with its own
+    empty cache; returns the error message (None if it passed) and how long the call took."""
+    code = textwrap.dedent(f"""
+        import json, time
+        from anyfit.config import ConfigError
+        from anyfit.model.hub import check_model_id
+        t0 = time.perf_counter()
+        try:
+            check_model_id({name!r}, None)
+            error = None
+        except ConfigError as e:
+            error = str(e)
+        print(json.dumps({{"error": error, "seconds": time.perf_counter() - t0}}))
+    """)
+    base = {"PATH": "/usr/bin:/bin", "HF_HOME": str(tmp_path / "hf"), "HOME": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                          timeout=60, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def cache_model(tmp_path, repo: str, filename: str = "config.json") -> None:
+    """Lay out the hub cache the way a download leaves it (refs/main -> snapshots/<commit>/<file>)."""
+    folder = tmp_path / "hf" / "hub" / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    (folder / "snapshots" / commit / filename).write_text("{}")
+
+
+def test_local_paths_are_left_to_the_loader(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-model").mkdir()
+    for name in ("my-model", "./missing", "/abs/missing", "~/missing", "model.gguf", str(tmp_path)):
+        assert looks_local(name)
+        check_model_id(name, None)  # no error: ModelSource explains missing paths itself
+    assert not looks_local("Qwen/Qwen2.5-0.5B") and not looks_local("gpt2")
+
+
+def test_an_invalid_name_is_explained(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ConfigError, match="not a valid hub id") as e:
+        check_model_id("Qwen/Qwen2.5 0.5B/extra", None)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", ["Qwen/Qwen2.5-0.5b-instrukt", "my-model"])
+def test_offline_and_not_cached_fails_fast_in_one_line(tmp_path, name):
+    result = run_check(tmp_path, name, HF_HUB_OFFLINE="1")
+    assert result["seconds"] < 1.0
+    assert result["error"].startswith(f"model.name_or_path: offline (HF_HUB_OFFLINE is set) and {name} is not in "
+                                      "the local cache, and it is not a local path either")
+    assert "\n" not in result["error"]
+
+
+def test_offline_and_cached_passes(tmp_path):
+    cache_model(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct")
+    assert run_check(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct", HF_HUB_OFFLINE="1")["error"] is None
+
+
+def test_an_unreachable_hub_fails_fast_in_one_line(tmp_path):
+    result = run_check(tmp_path, "Qwen/Qwen2.5-0.5b-instrukt", HF_ENDPOINT=UNREACHABLE)
+    assert result["seconds"] < 5.0
+    assert result["error"].startswith(f"model.name_or_path: cannot reach the hub at {UNREACHABLE} to look up "
+                                      "Qwen/Qwen2.5-0.5b-instrukt")
+    assert "\n" not in result["error"]
+    # a cached model needs no hub
+    cache_model(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct")
+    assert run_check(tmp_path, "Qwen/Qwen2.5-0.5B-Instruct", HF_ENDPOINT=UNREACHABLE)["error"] is None
+
+
+class FakeHub(BaseHTTPRequestHandler):
+    """Answers HEAD /<org>/<name>/resolve/<revision>/<file> as the hub does, by the repository name."""
+
+    ANSWERS = {"typo": (401, "RepoNotFound"), "gated": (403, "GatedRepo"), "gguf-only": (404, "EntryNotFound"),
+               "broken": (500, None), "ok": (200, None)}
+
+    def do_HEAD(self):  # noqa: N802 - http.server's naming
+        _, org, name, _, revision, filename = self.path.split("/", 5)
+        status, code = self.ANSWERS[name]
+        if revision == "no-such-branch":
+            status, code = 404, "RevisionNotFound"
+        if name == "gguf-only" and filename.endswith(".gguf"):
+            status, code = 200, None
+        self.send_response(status)
+        if code:
+            self.send_header("X-Error-Code", code)
+        self.send_header("X-Repo-Commit", "0" * 40)
+        self.send_header("ETag", '"abc"')
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fake_hub(monkeypatch):
+    from huggingface_hub import constants
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    yield
+    server.shutdown()
+
+
+@pytest.mark.parametrize("name, revision, gguf_file, expected", [
+    ("Org/typo", None, None, "the hub has no model 'Org/typo' (or it is private and you are not logged in), "
+                             "and it is not a local path either"),
+    ("Org/gated", None, None, "Org/gated is gated: accept its conditions"),
+    ("Org/ok", "no-such-branch", None, "model.revision: 'no-such-branch' is not a branch, tag or commit of Org/ok"),
+    ("Org/gguf-only", None, None, "has no config.json. Is it a GGUF-only repository?"),
+    ("Org/broken", None, None, "cannot reach the hub"),
+    ("Org/ok", None, None, None),
+    ("Org/gguf-only", None, "m-Q4.gguf", None),
+])
+def test_hub_answers_become_one_line_errors(fake_hub, name, revision, gguf_file, expected):
+    t0 = time.perf_counter()
+    if expected is None:
+        check_model_id(name, revision, gguf_file)
+    else:
+        with pytest.raises(ConfigError) as e:
+            check_model_id(name, revision, gguf_file)
+        assert expected in str(e.value) and "\n" not in str(e.value)
+    assert time.perf_counter() - t0 < 5.0
