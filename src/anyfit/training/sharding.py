@@ -123,7 +123,16 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     the others get an empty dict)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    # Gathered, tied weights (an output head sharing the embedding) come back as separate tensors; keep the
+    # first name of each shared parameter so the folder is the one save_pretrained writes unsharded.
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    for shared in names.values():
+        for name in shared[1:]:
+            state.pop(name, None)
+    return state
 
 
 def save_sharded(model: nn.Module, optimizer, directory: Path) -> None:

@@ -1,0 +1,62 @@
+"""The memory savers a run can choose: state-light optimizers and checkpointing every N-th layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anyfit.config import ConfigError, load_config
+from anyfit.hardware.runtime import resolve_runtime
+from anyfit.model.loading import load_model
+from anyfit.training.optim import build_optimizer
+
+
+def _state_elements(optimizer) -> int:
+    return sum(v.numel() for s in optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.ndim > 0)
+
+
+def _one_step(model, optimizer) -> None:
+    ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    model(input_ids=ids, labels=ids).loss.backward()
+    optimizer.step()
+
+
+def test_adafactor_keeps_a_fraction_of_adamws_state_and_trains(tiny_llama_dir):
+    sizes = {}
+    for name in ("adamw", "adafactor"):
+        cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", f"train.optimizer={name}",
+                                 "train.learning_rate=1e-2"])
+        torch.manual_seed(0)
+        model = load_model(cfg, resolve_runtime(cfg.runtime))
+        before = model.model.layers[0].mlp.up_proj.weight.detach().clone()
+        optimizer = build_optimizer(model, cfg.train, "cpu", fused=True)
+        _one_step(model, optimizer)
+        assert not torch.equal(before, model.model.layers[0].mlp.up_proj.weight)  # it updated the weights
+        sizes[name] = _state_elements(optimizer)
+    params = sum(p.numel() for p in model.parameters())
+    assert sizes["adamw"] == 2 * params
+    assert sizes["adafactor"] < 0.1 * sizes["adamw"]  # factored second moments, no first moment
+
+
+@pytest.mark.parametrize("name", ["adamw_8bit", "paged_adamw_8bit"])
+def test_8bit_optimizers_are_refused_off_cuda_before_loading(name, tiny_llama_dir):
+    from anyfit.training.optim import check_optimizer
+
+    with pytest.raises(ConfigError, match=f"train.optimizer={name} needs CUDA.*adafactor"):
+        check_optimizer(name, "cpu")
+
+
+def test_checkpointing_every_second_layer_keeps_gradients(tiny_qwen2_dir):
+    ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
+    grads, flags = [], []
+    for extra in ([], ["model.gradient_checkpointing=true", "model.checkpoint_every=2"]):
+        cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", *extra])
+        torch.manual_seed(0)
+        model = load_model(cfg, resolve_runtime(cfg.runtime))
+        model.train()
+        flags.append([layer.gradient_checkpointing for layer in model.model.layers])
+        model(input_ids=ids, labels=ids).loss.backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    assert flags == [[False, False], [True, False]]  # layer 0 recomputed, layer 1 keeps its activations
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
