@@ -1,0 +1,159 @@
+"""Sharded training (FSDP2 ``fully_shard``) with real processes over gloo: each process holds 1/N, the run
+matches the unsharded one, resumes bit-identically after SIGKILL, moves between process counts, and leaves
+ordinary Hugging Face outputs. Multi-node launch is exercised as two torchrun "nodes" on loopback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for, write_dataset
+
+STEPS = 8
+
+
+def _config(tmp_path: Path, model_dir: Path, *extra: str) -> Path:
+    data = write_dataset(tmp_path / "d.jsonl", n=24)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{name_or_path: {model_dir}}}\ndata: {{path: {data}, template: plain}}\n"
+                    f"train: {{effective_batch: 8, micro_batch: 2, max_steps: {STEPS}, learning_rate: 1.0e-2, seed: 0, "
+                    "log_every: 1, save_every: 2, keep_last: 3}\n" + "".join(f"{e}\n" for e in extra))
+    return path
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port",
+           str(_free_port()), "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *overrides]
+    if procs == 1:
+        cmd = [sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *overrides]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return proc
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-4000:]
+    return stdout
+
+
+def _preempt(launcher: subprocess.Popen, out: Path) -> None:
+    """Kill the whole run hard (the launcher and every worker: a lost machine) once checkpoint-4 is complete."""
+    wait_for(lambda: (out / "checkpoint-4" / "trainer_state.json").exists(), launcher, timeout=300)
+    # torchrun starts each worker in its own session: kill them all by the run's output folder
+    subprocess.run(["pkill", "-9", "-f", f"train.output_dir={out}"], check=False)
+    launcher.wait(timeout=60)
+    assert not (out / "model.safetensors").exists()
+
+
+def _losses(out: Path) -> list[float]:
+    return [m["loss"] for m in read_metrics(out) if "loss" in m]
+
+
+@pytest.fixture(scope="module")
+def unsharded(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The reference: one process, no sharding."""
+    tmp = tmp_path_factory.mktemp("unsharded")
+    out = tmp / "out"
+    _launch(_config(tmp, tiny_llama_dir), out, 1, "runtime.sharding=none")
+    return out
+
+
+@pytest.fixture(scope="module")
+def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
+    """A complete sharded run on four processes (its checkpoints are reused on two below)."""
+    tmp = tmp_path_factory.mktemp("four")
+    out = tmp / "out"
+    log = _launch(_config(tmp, tiny_llama_dir), out, 4, "runtime.sharding=fsdp")
+    assert "sharding fsdp: asked for in the config" in log
+    return out
+
+
+@pytest.mark.parametrize("procs", [2, 4])
+def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharded, four_processes, tiny_llama_dir,
+                                                                  tmp_path):
+    out = four_processes
+    if procs == 2:
+        out = tmp_path / "out"
+        _launch(_config(tmp_path, tiny_llama_dir), out, procs, "runtime.sharding=fsdp")
+    info = json.loads((out / "run_info.json").read_text())
+    held, total = info["held_per_process"], info["parameters"]["total"]
+    assert len(held["parameters"]) == procs
+    # each process holds about 1/N of the weights and of the AdamW states (two per weight)
+    for params, states in zip(held["parameters"], held["optimizer_states"]):
+        assert abs(params - total / procs) <= 0.02 * total, (params, total)
+        assert abs(states - 2 * total / procs) <= 0.04 * total, (states, total)
+    # fp32 sums over a different split of the reductions: the same run to round-off
+    assert _losses(out) == pytest.approx(_losses(unsharded), rel=2e-4)
+    a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(out)  # an ordinary Hugging Face folder
+
+
+def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    _launch(_config(tmp_path, tiny_llama_dir, "lora: {enabled: true, dropout: 0.0}"), out, 2, "runtime.sharding=fsdp",
+            "train.max_steps=3")
+    from peft import AutoPeftModelForCausalLM
+
+    model = AutoPeftModelForCausalLM.from_pretrained(out)
+    trained = load_file(out / "adapter_model.safetensors")
+    assert trained and any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in trained.items())
+    assert model is not None
+
+
+def test_sigkill_then_resume_sharded_is_bit_identical(tiny_llama_dir, tmp_path):
+    cfg = _config(tmp_path, tiny_llama_dir)
+    ref = _launch(cfg, tmp_path / "ref", 2, "runtime.sharding=fsdp", wait=False)
+    killed = tmp_path / "killed"
+    victim = _launch(cfg, killed, 2, "runtime.sharding=fsdp", wait=False)
+    _preempt(victim, killed)
+    _launch(cfg, killed, 2, "runtime.sharding=fsdp", "train.resume=auto")
+    _, err = ref.communicate(timeout=300)
+    assert ref.returncode == 0, err[-3000:]
+    a, b = final_weights(tmp_path / "ref"), final_weights(killed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert metric_steps(killed) == list(range(1, STEPS + 1))
+
+
+def test_a_checkpoint_of_four_processes_resumes_on_two(unsharded, four_processes, tiny_llama_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    shutil.copytree(four_processes / "checkpoint-4", out / "checkpoint-4")
+    # continued on two processes: the same effective batch, the shards re-cut by torch.distributed.checkpoint
+    log = _launch(_config(tmp_path, tiny_llama_dir), out, 2, "runtime.sharding=fsdp", "train.resume=auto")
+    assert "resumed from" in log and "at step 4" in log
+    assert _losses(out) == pytest.approx(_losses(unsharded)[4:], rel=2e-4)
+
+
+def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tmp_path):
+    """torchrun --nnodes 2: two 'machines' of one process each, rendezvous on 127.0.0.1."""
+    cfg = _config(tmp_path, tiny_llama_dir)
+    out, port = tmp_path / "out", _free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
+                               "--nproc_per_node", "1", "--rdzv-backend", "static", "--master_addr", "127.0.0.1",
+                               "--master_port", str(port), "-m", "anyfit", "train", str(cfg),
+                               f"train.output_dir={out}", "runtime.sharding=none"],
+                              env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    for node in nodes:
+        _, err = node.communicate(timeout=300)
+        assert node.returncode == 0, err[-3000:]
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["batch"]["processes"] == 2
+    assert _losses(out) == pytest.approx(_losses(unsharded), rel=2e-4)
