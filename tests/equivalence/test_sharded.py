@@ -106,8 +106,13 @@ def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharde
 
 def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
-    _launch(_config(tmp_path, tiny_llama_dir, "lora: {enabled: true, dropout: 0.0}"), out, 2, "runtime.sharding=fsdp",
-            "train.max_steps=3")
+    # with a validation loss on the way: its no-grad forwards must not leave gathered weights behind
+    _launch(_config(tmp_path, tiny_llama_dir, "lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}"),
+            out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
+    info = json.loads((out / "run_info.json").read_text())
+    for params in info["held_per_process"]["parameters"]:
+        assert abs(params - info["parameters"]["total"] / 2) <= 0.02 * info["parameters"]["total"]
+    assert sum("val_loss" in m for m in read_metrics(out)) == 2
     from peft import AutoPeftModelForCausalLM
 
     model = AutoPeftModelForCausalLM.from_pretrained(out)

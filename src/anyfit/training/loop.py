@@ -112,14 +112,14 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     steps = total_steps(cfg, sampler, say)
 
     # model and optimizer: sharded with FSDP2 (anyfit.training.sharding), or replicated by Accelerate (DDP)
-    sharded, why = decide_sharding(cfg, policy.precision, accelerator.num_processes)
+    sharded, offload, why = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
     say(f"[anyfit] {why}")
     model = load_model(cfg, policy, accelerator.local_process_index)
     trainable, total = count_parameters(model)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
     if sharded:
-        model = shard_model(model, policy.compute_dtype, cfg.runtime.fsdp_offload, accelerator.device)
+        model = shard_model(model, policy.compute_dtype, offload, accelerator.device)
     optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
     if not sharded:

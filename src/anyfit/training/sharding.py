@@ -45,27 +45,33 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return best
 
 
-def decide_sharding(cfg: Config, precision: str, processes: int) -> tuple[bool, str]:
-    """Whether this run shards, and the reason printed with it."""
+def decide_sharding(cfg: Config, device: str, precision: str, processes: int) -> tuple[bool, bool, str]:
+    """(shard, offload to host RAM, the reason printed with it)."""
     mode = cfg.runtime.sharding
     if mode == "none":
         if cfg.runtime.fsdp_offload:
             raise ConfigError("runtime.fsdp_offload=true needs sharding: set runtime.sharding=fsdp (or auto).")
-        return False, "sharding none: asked for in the config"
+        return False, False, "sharding none: asked for in the config"
     if mode == "auto" and not cfg.runtime.fsdp_offload:
         if processes == 1:
-            return False, "sharding none: one process, nothing to shard over (auto)"
+            return False, False, "sharding none: one process, nothing to shard over (auto)"
         from anyfit.hardware.planner import recommend_sharding
         from anyfit.hardware.presets import this_machine
         from anyfit.model.shape import model_shape
 
         use, why = recommend_sharding(cfg, model_shape(cfg.model), this_machine(), processes)
         if not use:
-            return False, f"sharding none (auto): {why}"
+            return False, False, f"sharding none (auto): {why}"
         reason = f"sharding fsdp (auto): {why}"
     else:
         reason = "sharding fsdp" + (" with CPU offload" if cfg.runtime.fsdp_offload else "") + \
             (": asked for in the config" if mode == "fsdp" else " (auto): runtime.fsdp_offload=true")
+    if cfg.train.optimizer == "adafactor":
+        # torch's Adafactor takes norms of whole rows and columns in place, which sharded (DTensor) weights
+        # refuse ("in-place operations that require placement changes are not supported").
+        raise ConfigError("train.optimizer=adafactor with sharding: torch's Adafactor cannot update sharded weights. "
+                          "Use train.optimizer=adamw (sharding already divides its state by the process count) or "
+                          "adamw_8bit on CUDA, or runtime.sharding=none.")
     if precision == "fp16":
         raise ConfigError("runtime.sharding with fp16: loss scaling of sharded gradients is not supported by anyfit. "
                           "Use runtime.precision=bf16 (Ampere or newer) or fp32, or runtime.sharding=none.")
@@ -73,7 +79,10 @@ def decide_sharding(cfg: Config, precision: str, processes: int) -> tuple[bool, 
         raise ConfigError("eval.generate_* during a sharded run: generation runs on one process, which cannot hold "
                           "the sharded model. Keep the validation loss (eval.every) and run 'anyfit eval' on the "
                           "output afterwards, or set runtime.sharding=none.")
-    return True, reason
+    offload = cfg.runtime.fsdp_offload and device != "cpu"
+    if cfg.runtime.fsdp_offload and not offload:
+        reason += " (offload has nothing to move on cpu: the weights are in host RAM already)"
+    return True, offload, reason
 
 
 def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, device: torch.device) -> nn.Module:

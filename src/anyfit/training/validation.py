@@ -37,6 +37,8 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
             totals[1] += batch["keep_targets"].numel()
     finally:
         model.train(was_training)
+        if sharded:  # FSDP2 keeps the root's gathered weights after a forward (for the backward that follows)
+            model.reshard()
     if not sharded:
         totals = accelerator.reduce(totals, reduction="sum")
     return (totals[0] / totals[1].clamp(min=1)).item()

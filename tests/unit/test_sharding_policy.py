@@ -1,0 +1,34 @@
+"""When a run shards, and the combinations it refuses before loading anything (each with what to do)."""
+
+from __future__ import annotations
+
+import pytest
+
+from anyfit.config import ConfigError, load_config
+from anyfit.training.sharding import decide_sharding
+
+
+def _cfg(*items: str):
+    return load_config(None, ["model.name_or_path=unused", *items])
+
+
+def test_asked_for_or_not():
+    assert decide_sharding(_cfg("runtime.sharding=fsdp"), "cuda", "bf16", 8)[:2] == (True, False)
+    assert decide_sharding(_cfg("runtime.sharding=fsdp", "runtime.fsdp_offload=true"), "cuda", "bf16", 8)[:2] == \
+        (True, True)
+    shard, offload, why = decide_sharding(_cfg("runtime.sharding=fsdp", "runtime.fsdp_offload=true"), "cpu", "fp32", 2)
+    assert (shard, offload) == (True, False) and "nothing to move on cpu" in why
+    assert decide_sharding(_cfg("runtime.sharding=none"), "cuda", "bf16", 8)[0] is False
+    assert decide_sharding(_cfg(), "cpu", "fp32", 1) == (False, False, "sharding none: one process, nothing to shard "
+                                                                       "over (auto)")
+
+
+@pytest.mark.parametrize("items,device,precision,needle", [
+    (["runtime.sharding=fsdp"], "cuda", "fp16", "fp16"),
+    (["runtime.sharding=fsdp", "train.optimizer=adafactor"], "cpu", "fp32", "adafactor"),
+    (["runtime.sharding=fsdp", "eval.generate_at_end=true", "eval.holdout=4"], "cpu", "fp32", "anyfit eval"),
+    (["runtime.sharding=none", "runtime.fsdp_offload=true"], "cuda", "bf16", "runtime.sharding=fsdp"),
+])
+def test_refused_combinations_say_what_to_do(items, device, precision, needle):
+    with pytest.raises(ConfigError, match=needle):
+        decide_sharding(_cfg(*items), device, precision, 2)
