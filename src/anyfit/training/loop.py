@@ -95,7 +95,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
     resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir), warn=say)
     out = check_output_dir(cfg, resuming=resume_from is not None)  # before any heavy work
-    say(f"[anyfit] runtime: {policy.describe()}")
+    sharded, offload, sharding = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
+    say(f"[anyfit] runtime: {policy.describe()}\n  - {sharding}")
     say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is "
         f"loaded)" if cfg.train.micro_batch == "auto" else f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
@@ -112,8 +113,6 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     steps = total_steps(cfg, sampler, say)
 
     # model and optimizer: sharded with FSDP2 (anyfit.training.sharding), or replicated by Accelerate (DDP)
-    sharded, offload, why = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
-    say(f"[anyfit] {why}")
     model = load_model(cfg, policy, accelerator.local_process_index)
     trainable, total = count_parameters(model)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
@@ -140,7 +139,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
         say(f"[anyfit] resumed from {resume_from} at step {run.start} of {steps}")
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
-                      describe_run(policy, plan, steps, data.report, trainable, total))
+                      describe_run(policy, sharding, plan, steps, data.report, trainable, total))
     return run_steps(run, say)
 
 

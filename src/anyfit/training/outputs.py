@@ -48,12 +48,12 @@ def start_run_dir(out: Path, resumed_at: int | None, config_yaml: str, run_info:
     (out / "run_info.json").write_text(json.dumps(run_info, indent=2, default=str))
 
 
-def describe_run(policy, plan, steps: int, report, trainable: int, total: int) -> dict[str, Any]:
+def describe_run(policy, sharding: str, plan, steps: int, report, trainable: int, total: int) -> dict[str, Any]:
     """``run_info.json``: the resolved policy with its reasons, the batch split, the data report, versions."""
     from anyfit.hardware.runtime import versions
 
     return {"policy": {"device": policy.device, "precision": policy.precision, "tf32": policy.tf32,
-                       "num_workers": policy.num_workers, "reasons": list(policy.reasons)},
+                       "num_workers": policy.num_workers, "reasons": [*policy.reasons, sharding]},
             "batch": plan.__dict__, "steps": steps, "data": report.__dict__, "versions": versions(),
             "parameters": {"trainable": trainable, "total": total}}
 
