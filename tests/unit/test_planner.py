@@ -1,8 +1,10 @@
-"""The memory/time planner: parameter counts, activation accounting, monotonicity, batch splits, verdicts.
+"""The memory/time planner: parameter counts, activation accounting, monotonicity, batch splits, verdicts,
+the memory savers (8-bit AdamW, Adafactor, FSDP, CPU offload, sparse checkpointing), the saver ladder,
+recommend_sharding, presets, communication and cost.
 
 Fast: no training. The activation formula is checked tensor by tensor against what autograd saves in
-real (tiny) Hugging Face models; the end-to-end check against measured peaks is
-benchmarks/plan_vs_measured.py.
+real (tiny) Hugging Face models, the optimizer states against torch's optimizers; the end-to-end check
+against measured peaks is benchmarks/plan_vs_measured.py.
 """
 
 from __future__ import annotations
@@ -31,15 +33,23 @@ from transformers import (
 from anyfit.config import ConfigError, load_config
 from anyfit.data.batching import micro_batch_candidates
 from anyfit.hardware.planner import (
+    DDP_BUCKET_BYTES,
+    EIGHT_BIT_STATE_BYTES,
+    SAFETY,
     Setup,
     activation_bytes,
+    communication_seconds,
     estimate_memory,
+    flops_per_token,
+    optimizer_state_bytes,
     plan_dict,
     plan_report,
     plan_target,
+    recommend_sharding,
+    step_time,
 )
 from anyfit.model.shape import kv_cache_bytes, model_shape, shape_from_config
-from anyfit.hardware.presets import PRESETS, Target, custom_target, targets_from_args
+from anyfit.hardware.presets import GIB, PRESETS, Target, custom_target, targets_from_args
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)
@@ -275,7 +285,8 @@ def test_7b_full_fine_tune_on_a_t4_needs_something_but_05b_lora_fits():
     seven_b = shape_from_config(llama2_7b())
     p = plan_target(config("data.max_length=1024", name="meta-llama/Llama-2-7b-hf"), seven_b, PRESETS["t4"])
     assert p.verdict.startswith("needs"), p.verdict
-    assert p.verdict == "needs QLoRA" and p.setup.method == "qlora"
+    # The verdict names the savers that come with QLoRA too (here checkpointing): "needs QLoRA with ...".
+    assert p.verdict.startswith("needs QLoRA") and p.setup.method == "qlora"
     assert p.memory.peak <= p.budget_bytes
 
     small = shape_from_config(qwen25_05b())
@@ -286,16 +297,23 @@ def test_7b_full_fine_tune_on_a_t4_needs_something_but_05b_lora_fits():
 def test_escalation_ladder():
     seven_b = shape_from_config(llama2_7b())
     cfg = config("data.max_length=2048", name="meta-llama/Llama-2-7b-hf")
+    # One A100 80 GB keeps full fine-tuning with CPU offload (tried before LoRA, which changes what trains;
+    # it was "needs LoRA" before offload was modelled); sharding over 2 GPUs and LoRA are the alternatives.
     a100 = plan_target(cfg, seven_b, PRESETS["a100-80"])
-    assert a100.verdict == "needs LoRA" and any("sharding over" in a for a in a100.alternatives)
+    assert a100.verdict.startswith("needs CPU offload") and a100.setup.offload and a100.setup.method == "full"
+    assert any("sharding over 2 GPUs" in a for a in a100.alternatives)
+    assert any(a.startswith("or LoRA") for a in a100.alternatives)
     node = plan_target(cfg, seven_b, PRESETS["8xh100"])
-    assert node.verdict == "needs sharding over 8 GPUs" and node.setup.fsdp and node.setup.method == "full"
+    assert node.verdict.startswith("needs sharding over 8 GPUs") and node.setup.fsdp and node.setup.method == "full"
+    assert not node.setup.offload
     mac = plan_target(cfg, seven_b, PRESETS["m-16"])
     assert mac.verdict == "needs a bigger GPU" and mac.setup is None
-    # Checkpointing is the first thing tried: a 0.5B full fine-tune at long sequences on an A100 40 GB.
+    # A 0.5B full fine-tune at long sequences on an A100 40 GB: the cheap savers suffice (8-bit states and
+    # checkpointing only every 4th layer; before 8-bit states were modelled: checkpointing every layer).
     long = plan_target(config("data.max_length=16384", "train.effective_batch=8"), shape_from_config(qwen25_05b()),
                        PRESETS["a100-40"])
-    assert long.verdict == "fits with gradient checkpointing" and long.setup.gradient_checkpointing
+    assert long.verdict.startswith("fits with") and long.setup.gradient_checkpointing
+    assert long.setup.checkpoint_every == 4 and long.setup.optimizer == "adamw_8bit"
 
 
 def test_qlora_config_is_planned_as_lora_off_cuda():
@@ -370,3 +388,313 @@ def test_chunked_loss_keeps_less_than_half_the_logit_memory():
     chunked = estimate_memory(shape, setup_for("full", 8, accumulation=2, loss_chunk_tokens=1024))
     assert chunked.logits == 2 * 2 * 8192 * 151936 + 1024 * 151936 * 8  # 5.8 GiB
     assert plain.logits == 12 * 8192 * 151936 and chunked.logits < plain.logits / 2  # 13.9 GiB
+
+
+# --- the memory savers, one by one, on Llama-2-7B ---------------------------------------------------------------
+
+SEVEN_B_MATRICES = 32 * (4 * 4096 * 4096 + 3 * 4096 * 11008) + 2 * 32000 * 4096  # projections + embedding + head
+SEVEN_B_VECTORS = 32 * 2 * 4096 + 4096  # RMSNorm weights
+
+
+def seven_b_setup(**kw) -> Setup:
+    base = dict(method="full", device="cuda", precision="bf16", weight_bytes=4, micro_batch=1, seq_len=2048)
+    return Setup(**{**base, **kw})
+
+
+def test_optimizer_states_per_parameter():
+    shape = shape_from_config(llama2_7b())
+    n = shape.params
+    assert SEVEN_B_MATRICES + SEVEN_B_VECTORS == n
+    adamw = optimizer_state_bytes(shape, seven_b_setup())
+    assert adamw == 8 * n  # two fp32 states
+    # bitsandbytes: 1 byte per state + an fp32 absmax per 256 values per state; 1-D tensors keep fp32 states.
+    eight = optimizer_state_bytes(shape, seven_b_setup(optimizer="adamw_8bit"))
+    assert eight == int(SEVEN_B_MATRICES * (2 + 8 / 256) + SEVEN_B_VECTORS * 8)
+    assert (adamw - eight) / n == pytest.approx(8 - 2 - 8 / 256, abs=1e-3)  # ~5.97 bytes per parameter saved
+    assert optimizer_state_bytes(shape, seven_b_setup(optimizer="paged_adamw_8bit")) == eight
+    assert EIGHT_BIT_STATE_BYTES == 2 + 8 / 256
+    # Adafactor: rows + columns per matrix, a full second moment per vector, no first moment.
+    factored = 32 * (4 * (4096 + 4096) + 3 * (4096 + 11008)) + 2 * (32000 + 4096)
+    assert optimizer_state_bytes(shape, seven_b_setup(optimizer="adafactor")) == 4 * (factored + SEVEN_B_VECTORS)
+    # The same saving shows in the peak (same micro-batch, same phase).
+    peaks = {opt: estimate_memory(shape, seven_b_setup(optimizer=opt)) for opt in ("adamw", "adamw_8bit", "adafactor")}
+    assert peaks["adamw"].peak - peaks["adamw_8bit"].peak == adamw - eight
+    assert peaks["adamw"].peak - peaks["adafactor"].peak == adamw - 4 * (factored + SEVEN_B_VECTORS)
+
+
+@pytest.mark.parametrize("name", ["adamw", "adafactor"])
+def test_optimizer_state_formula_matches_torch(name):
+    """The state torch's AdamW and Adafactor (with their defaults) actually allocate, on a tiny untied Llama."""
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**TINY, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    opt = (torch.optim.AdamW(model.parameters(), fused=True) if name == "adamw"
+           else torch.optim.Adafactor(model.parameters()))
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    allocated = sum(t.numel() * t.element_size() for state in opt.state.values() for k, t in state.items()
+                    if k != "step")
+    setup = Setup(method="full", device="cpu", precision="fp32", weight_bytes=4, micro_batch=1, seq_len=8,
+                  optimizer=name)
+    assert optimizer_state_bytes(shape_from_config(cfg), setup) == allocated
+
+
+def test_fsdp_divides_weights_gradients_and_states_by_the_processes():
+    shape = shape_from_config(llama2_7b())
+    one = estimate_memory(shape, seven_b_setup())
+    for opt in ("adamw", "adamw_8bit"):
+        single = estimate_memory(shape, seven_b_setup(optimizer=opt))
+        sharded = estimate_memory(shape, seven_b_setup(optimizer=opt, processes=8, fsdp=True))
+        assert sharded.weights == shape.params * 4 // 8 and sharded.optimizer == pytest.approx(single.optimizer / 8, abs=1)
+    step = estimate_memory(shape, seven_b_setup(processes=8, fsdp=True, micro_batch=1, seq_len=16))
+    assert step.phase == "optimizer step" and step.gradients == shape.params * 4 // 8
+    assert one.optimizer == 8 * shape.params
+
+
+def test_fsdp_transients_follow_fsdp2():
+    """bf16 mixed precision: no autocast copies; two layers (current + prefetched) and the root unit gathered
+    in bf16; the layer's bf16 gradients + fp32 reduce-scatter input; the head's unsharded bf16 gradient."""
+    shape = shape_from_config(llama2_7b())
+    layer, root = shape.layer_params, shape.params - 32 * shape.layer_params
+    sharded = estimate_memory(shape, seven_b_setup(processes=8, fsdp=True))
+    assert sharded.transient == (2 * layer + root) * 2 + layer * (2 + 4) + 32000 * 4096 * 2
+    unsharded = estimate_memory(shape, seven_b_setup())
+    assert unsharded.transient == shape.matmul_params * 2  # autocast's bf16 weight copies
+    # The residual stream is bf16 under FSDP2 (the gathered embedding is bf16), fp32 under autocast.
+    assert activation_bytes(shape, seven_b_setup(processes=8, fsdp=True)).checkpoint_input == 2 * 4096
+    assert activation_bytes(shape, seven_b_setup()).checkpoint_input == 4 * 4096
+
+
+def test_fsdp_accumulation_holds_an_unsharded_fp32_gradient():
+    """anyfit's loop reduce-scatters only at the window's last micro-batch: FSDP2 keeps unsharded fp32 gradients."""
+    shape = shape_from_config(llama2_7b())
+    accumulating = estimate_memory(shape, seven_b_setup(processes=8, fsdp=True, accumulation=4))
+    assert accumulating.gradients == 4 * shape.params and accumulating.phase == "forward/backward"
+    per_micro = estimate_memory(shape, seven_b_setup(processes=8, fsdp=True, accumulation=4,
+                                                     fsdp_unsharded_accumulation=False))
+    assert per_micro.gradients == shape.params * 4 // 8
+    assert any("unsharded fp32 gradient" in n for n in accumulating.notes)
+
+
+def test_cpu_offload_moves_weights_gradients_and_states_to_host_ram():
+    shape = shape_from_config(llama2_7b())
+    n = shape.params
+    off = estimate_memory(shape, seven_b_setup(fsdp=True, offload=True))
+    assert (off.weights, off.gradients, off.optimizer) == (0, 0, 0)
+    assert off.host == n * (4 + 4 + 8)  # fp32 weights, gradients and AdamW states of the whole model
+    assert off.peak < estimate_memory(shape, seven_b_setup(processes=1, fsdp=True)).peak
+    # 8 ranks hold 1/8 each: the same 16 bytes per parameter on the machine; but first every process reads the
+    # whole fp32 model into host RAM (before fully_shard), which is more.
+    eight = estimate_memory(shape, seven_b_setup(processes=8, fsdp=True, offload=True))
+    assert eight.host == 8 * n * 4 and any(f"({n * 16 / GIB:.1f} GiB on the machine)" in x for x in eight.notes)
+    assert estimate_memory(shape, seven_b_setup(processes=8, fsdp=True)).host == 8 * n * 4
+    with pytest.raises(ValueError, match="fsdp"):
+        seven_b_setup(offload=True)
+
+
+def test_checkpointing_every_n_layers_keeps_the_others():
+    shape = shape_from_config(llama2_7b())
+    tokens = 2048
+    act = activation_bytes(shape, seven_b_setup())
+    est = {k: estimate_memory(shape, seven_b_setup(gradient_checkpointing=k > 0, checkpoint_every=max(k, 1),
+                                                   accumulation=2))  # the peak in the forward/backward
+           for k in (0, 1, 2, 4)}
+    assert est[0].activations > est[4].activations > est[2].activations > est[1].activations
+    # Every 2nd layer of 32: 16 keep only their input, 16 keep everything, one is recomputed at a time.
+    assert seven_b_setup(gradient_checkpointing=True, checkpoint_every=2).checkpointed_layers(32) == 16
+    kept = tokens * (16 * act.checkpoint_input + 16 * act.per_layer + act.head)
+    assert est[2].activations == int(kept + max(0, 2 * tokens * act.per_layer - est[2].logits))
+    # ... and recomputes half the forward that checkpointing every layer does.
+    base = flops_per_token(shape, seven_b_setup())
+    every = flops_per_token(shape, seven_b_setup(gradient_checkpointing=True))
+    half = flops_per_token(shape, seven_b_setup(gradient_checkpointing=True, checkpoint_every=2))
+    assert half - base == pytest.approx((every - base) / 2)
+
+
+# --- the ladder --------------------------------------------------------------------------------------------------
+
+
+def seven_b_config(*overrides: str):
+    return config("data.max_length=2048", *overrides, name="meta-llama/Llama-2-7b-hf")
+
+
+def test_7b_full_fine_tune_on_8_a100_40gb_needs_sharding():
+    (node,) = targets_from_args("a100-40", gpus=8)
+    p = plan_target(seven_b_config("train.effective_batch=8"), shape_from_config(llama2_7b()), node)
+    assert p.verdict.startswith("needs sharding over 8 GPUs"), p.verdict
+    assert p.setup.method == "full" and p.setup.fsdp and not p.setup.offload and p.setup.processes == 8
+    assert p.memory.peak <= p.budget_bytes and "sharding over 8" in p.savers[0]
+    # With accumulation the loop keeps unsharded fp32 gradients until the window's last micro-batch (one
+    # reduce-scatter per window): 4 bytes per parameter on every GPU, which the plan pays with CPU offload.
+    p = plan_target(seven_b_config("train.effective_batch=32"), shape_from_config(llama2_7b()), node)
+    assert p.setup.fsdp and p.setup.accumulation > 1 and p.setup.offload, p.verdict
+
+
+def test_7b_on_one_gpu_offload_fits_the_device_but_needs_host_ram():
+    shape = shape_from_config(llama2_7b())
+    cfg = seven_b_config()
+    # A one-A100 instance with 85 GB of RAM: offload would fit the GPU, not the host: LoRA, and it says why.
+    small_host = plan_target(cfg, shape, PRESETS["a100-40"])
+    assert small_host.setup.method == "lora" and not small_host.setup.offload
+    assert any("CPU offload would fit the GPU memory but needs 100 GiB of host RAM" in n for n in small_host.notes)
+    # The same GPU with 256 GiB of RAM keeps full fine-tuning with offload.
+    big_host = plan_target(cfg, shape, dataclasses.replace(PRESETS["a100-40"], host_memory_gib=256))
+    assert big_host.verdict.startswith("needs CPU offload") and big_host.setup.offload
+    assert big_host.memory.weights == big_host.memory.optimizer == 0 and big_host.memory.peak <= big_host.budget_bytes
+    assert 100 * GIB < big_host.memory.host <= big_host.host_budget_bytes
+    assert big_host.as_dict()["memory"]["host_gib"] > 100 and big_host.as_dict()["setup"]["fsdp_offload"]
+
+
+def test_the_cheapest_saver_that_fits_is_chosen():
+    small = shape_from_config(qwen25_05b())
+    # 8-bit states alone make a 0.5B full fine-tune fit a T4: no checkpointing (which would cost recomputation).
+    t4 = plan_target(config("data.max_length=2048"), small, PRESETS["t4"])
+    assert t4.verdict == "fits with 8-bit AdamW" and not t4.setup.gradient_checkpointing
+    # No 8-bit states off CUDA; checkpointing every 4th layer is enough on a 36 GB Mac: not every layer.
+    mac = plan_target(config("data.max_length=4096"), small, PRESETS["m-36"])
+    assert mac.verdict == "fits with checkpointing every 4 layers" and mac.setup.checkpoint_every == 4
+    # Every choice is estimated faster than the other savers that fit (what "cheapest" means here).
+    from anyfit.hardware.planner import _Planner
+
+    planner = _Planner(config("data.max_length=2048"), small, PRESETS["t4"], SAFETY, None, 2048)
+    fitting = [planner.fit(o) for o in planner.options("full", 0, 1) if o.tier == (0, 0)]
+    times = [planner.seconds(f[0]) for f in fitting if f]
+    assert len(times) > 1 and planner.seconds(t4.setup) == min(times)
+
+
+def test_the_config_savers_are_kept_and_refusals_respected():
+    seven = shape_from_config(llama2_7b())
+    small = shape_from_config(qwen25_05b())
+    # runtime.sharding=none is never overridden.
+    p = plan_target(seven_b_config("runtime.sharding=none"), seven, PRESETS["8xh100"])
+    assert not p.setup.fsdp and p.setup.method != "full"
+    # Configured checkpointing only gets denser; a configured optimizer is kept.
+    p = plan_target(config("data.max_length=16384", "model.gradient_checkpointing=true", "model.checkpoint_every=2",
+                           "train.optimizer=adafactor"), small, PRESETS["a100-40"])
+    assert p.setup.gradient_checkpointing and p.setup.checkpoint_every in (1, 2) and p.setup.optimizer == "adafactor"
+    # Unneeded checkpointing is pointed out.
+    p = plan_target(config("model.gradient_checkpointing=true", "lora.enabled=true"), small, PRESETS["h100"])
+    assert p.verdict == "fits" and any("not needed" in n for n in p.notes)
+    # 8-bit AdamW needs CUDA: planned with AdamW on a Mac, and said so.
+    p = plan_target(config("train.optimizer=adamw_8bit"), small, PRESETS["m-36"])
+    assert p.setup.optimizer != "adamw_8bit" and any("needs CUDA" in n for n in p.notes)
+    # fp16 (T4) and Adafactor are never sharded (the loop refuses both); nothing but CUDA is offloaded.
+    (t4s,) = targets_from_args("t4", gpus=4)
+    for target in [t4s, *PRESETS.values()]:
+        s = plan_target(seven_b_config(), seven, target).setup
+        if s is not None:
+            assert not (s.fsdp and (s.precision == "fp16" or s.optimizer == "adafactor")), target.key
+            assert not (s.offload and target.device != "cuda") and not (s.offload and s.optimizer == "adamw_8bit")
+
+
+def test_every_chosen_setup_fits_its_budget():
+    for shape, cfg in [(shape_from_config(llama2_7b()), seven_b_config()), (shape_from_config(qwen25_05b()), config())]:
+        for target in PRESETS.values():
+            p = plan_target(cfg, shape, target)
+            if p.memory is not None:
+                assert p.memory.peak <= p.budget_bytes, (target.key, p.verdict)
+                assert p.host_budget_bytes is None or p.memory.host <= p.host_budget_bytes
+
+
+# --- recommend_sharding (runtime.sharding=auto) ----------------------------------------------------------------------
+
+
+def test_recommend_sharding():
+    seven = shape_from_config(llama2_7b())
+    small = shape_from_config(qwen25_05b())
+    node = PRESETS["8xh100"]
+    use, why = recommend_sharding(seven_b_config("train.effective_batch=8"), seven, node, 8)
+    assert use is True and "does not fit" in why and "sharded over 8" in why
+    use, why = recommend_sharding(config("train.effective_batch=8"), small, node, 8)
+    assert use is False and "fits" in why
+    assert recommend_sharding(seven_b_config(), seven, node, 1) == (False, "one process: nothing to shard over")
+    # fp16 cannot be sharded by anyfit: auto does not pick it, and says why.
+    use, why = recommend_sharding(seven_b_config("train.effective_batch=8"), seven,
+                                  dataclasses.replace(PRESETS["t4"], num_devices=8), 8)
+    assert use is False and "fp16" in why
+    # CPU processes share the host RAM: the budget is per process.
+    use, why = recommend_sharding(config("train.effective_batch=8"), small, custom_target("cpu", 64), 4)
+    assert use is True and "per process" in why
+    for use, why in [recommend_sharding(seven_b_config(), seven, node, 8)]:
+        assert isinstance(use, bool) and isinstance(why, str) and "\n" not in why
+
+
+# --- presets, communication, cost --------------------------------------------------------------------------------
+
+
+def test_presets_of_the_hardware_guide_with_prices():
+    for key in ("rtx4090", "l40s", "8xl40s", "m-ultra-192"):
+        assert key in PRESETS
+    assert PRESETS["8xl40s"].num_devices == 8 and PRESETS["8xl40s"].interconnect_gbs == 25.0  # PCIe 4.0, no NVLink
+    assert PRESETS["8xh100"].interconnect_gbs == 450.0  # NVLink 900 GB/s bidirectional
+    assert PRESETS["l40s"].tflops("bf16") == 362.0 and PRESETS["rtx4090"].tflops("bf16") == 165.2
+    assert PRESETS["m-ultra-192"].memory_gib == pytest.approx(192 * 0.7)
+    for target in PRESETS.values():
+        if target.device == "cuda":
+            assert target.price_per_hour > 0 and target.host_memory_gib > 0, target.key
+        else:
+            assert target.price_per_hour is None, target.key  # Macs are bought, not rented
+    assert PRESETS["8xh100"].price_per_hour == 8 * PRESETS["h100"].price_per_hour
+
+
+def test_price_and_gpu_overrides():
+    (t,) = targets_from_args("h100", price_per_hour=2.5)
+    assert t.price_per_hour == 2.5
+    (t,) = targets_from_args("h100", gpus=4)
+    assert t.price_per_hour == 4 * PRESETS["h100"].price_per_hour and t.host_memory_gib == 4 * PRESETS["h100"].host_memory_gib
+    (t,) = targets_from_args("cuda", memory_gb=24, price_per_hour=0.4)
+    assert t.price_per_hour == 0.4
+    local, *rest = targets_from_args(price_per_hour=1.25, measure_cpu=False)
+    assert local.key == "local" and local.price_per_hour == 1.25 and [r.key for r in rest] == list(PRESETS)
+    with pytest.raises(ConfigError, match="price"):
+        targets_from_args("h100", price_per_hour=-1)
+
+
+def test_communication_of_data_parallel_and_fsdp():
+    shape = shape_from_config(llama2_7b())
+    n = shape.params
+    ddp = seven_b_setup(processes=8)
+    pcie = PRESETS["8xl40s"]
+    # Ring all-reduce of the fp32 gradients, nothing hidden without compute, plus the last 25 MiB bucket.
+    expected = 2 * 7 / 8 * (n * 4 + DDP_BUCKET_BYTES) / 25e9
+    assert communication_seconds(shape, ddp, pcie, micro_compute=0) == pytest.approx(expected)
+    assert communication_seconds(shape, ddp, pcie, micro_compute=1e9) == pytest.approx(2 * 7 / 8 * DDP_BUCKET_BYTES / 25e9)
+    nvlink = dataclasses.replace(pcie, interconnect_gbs=450.0)
+    fsdp = seven_b_setup(processes=8, fsdp=True, accumulation=4)
+    slow, fast = step_time(shape, fsdp, pcie, 2048), step_time(shape, fsdp, nvlink, 2048)
+    assert slow.communication > 10 * fast.communication and slow.compute == fast.compute
+    assert communication_seconds(shape, seven_b_setup(), pcie, 0) == 0.0  # one device: nothing to talk to
+    # PCIe shows in the plan: communication dominates a 7B step on 8x L40S with one sequence per GPU.
+    p = plan_target(seven_b_config("train.effective_batch=8"), shape, pcie)
+    assert p.time.communication > 0.25 * p.time.total and any("communication is" in x for x in p.notes)
+
+
+def test_cost_per_100_steps_and_per_epoch():
+    small = shape_from_config(qwen25_05b())
+    cfg = config("lora.enabled=true")  # effective batch 32
+    p = plan_target(cfg, small, PRESETS["h100"], examples=1000)
+    assert p.steps_per_epoch == 1000 // 32  # the partial last window is left out, as in training
+    assert p.cost_per_100_steps == pytest.approx(3.00 * p.seconds_per_100_steps / 3600)
+    assert p.cost_per_epoch == pytest.approx(3.00 * 31 * p.seconds_per_100_steps / 100 / 3600)
+    assert plan_target(config("lora.enabled=true", "data.num_samples=640"), small, PRESETS["h100"]).steps_per_epoch == 20
+    no_data = plan_target(cfg, small, PRESETS["h100"])
+    assert no_data.steps_per_epoch is None and no_data.cost_per_epoch is None and no_data.cost_per_100_steps > 0
+    assert plan_target(cfg, small, PRESETS["m-36"]).cost_per_100_steps is None  # no price for a Mac
+    data = json.loads(json.dumps(plan_dict(cfg, targets=["h100"], shape=small, examples=1000)))
+    row = data["targets"][0]
+    assert row["price_per_hour"] == 3.0 and row["steps_per_epoch"] == 31 and row["cost_per_epoch"] > 0
+    assert row["savers"] == [] and row["setup"]["optimizer"] == "adamw" and "price_note" in data
+    text = plan_report(cfg, targets=["h100"], shape=small)
+    assert "$/epoch needs the data size" in text and "2026-11" in text
+
+
+def test_plan_command_prices_and_examples(tiny_llama_dir, capsys):
+    from anyfit.cli import main
+
+    args = ["plan", f"model.name_or_path={tiny_llama_dir}", "data.path=d.jsonl", "--device", "l40s"]
+    assert main([*args, "--price-per-hour", "2.5", "--examples", "640", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["targets"][0]
+    assert row["price_per_hour"] == 2.5 and row["steps_per_epoch"] == 20
+    assert row["cost_per_epoch"] == pytest.approx(2.5 * row["seconds_per_epoch"] / 3600, abs=0.01)
+    assert main([*args, "--examples", "0"]) == 2

@@ -26,6 +26,7 @@ def test_asked_for_or_not():
 @pytest.mark.parametrize("items,device,precision,needle", [
     (["runtime.sharding=fsdp"], "cuda", "fp16", "fp16"),
     (["runtime.sharding=fsdp", "train.optimizer=adafactor"], "cpu", "fp32", "adafactor"),
+    (["runtime.sharding=fsdp", "train.optimizer=adamw_8bit"], "cuda", "bf16", "adamw_8bit"),
     (["runtime.sharding=fsdp", "eval.generate_at_end=true", "eval.holdout=4"], "cpu", "fp32", "anyfit eval"),
     (["runtime.sharding=none", "runtime.fsdp_offload=true"], "cuda", "bf16", "runtime.sharding=fsdp"),
 ])

@@ -1,9 +1,30 @@
 """Machines the planner can plan for: named presets, a custom size, or the machine this runs on.
 
 A ``Target`` is what the memory/time planner needs to know about a machine: the memory one process
-can use, how many such devices there are, and the dense matmul throughput in each precision anyfit
-would run there. Peak numbers are vendor datasheet figures for dense (non-sparse) tensor-core math;
-the planner multiplies them by a model-FLOPs utilisation (``mfu``) to get a realistic speed.
+can use, how many such devices there are, the dense matmul throughput in each precision anyfit would run
+there, how fast the devices talk to each other and to the host (the communication term of multi-GPU
+plans and of CPU offload), the host RAM, and an hourly price. Peak numbers are vendor datasheet figures
+for dense (non-sparse) tensor-core math; the planner multiplies them by a model-FLOPs utilisation
+(``mfu``) to get a realistic speed.
+
+Sources (looked up 2026-11):
+- H100 SXM: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3 (NVIDIA H100 datasheet); NVLink 4.0 900 GB/s
+  bidirectional, A100 SXM NVLink 3.0 600 GB/s (https://www.aiminingco.com/glossary/nvlink,
+  https://cyfuture.ai/blog/h100-vs-a100-vs-l40s-gpu-rental-guide).
+- A100 SXM4: 312 TFLOP/s bf16, 1,555 GB/s (40 GB) / 2,039 GB/s (80 GB) (NVIDIA A100 datasheet).
+- L40S: 362.05 TFLOP/s bf16/fp16 and 183 TF32 dense (733 / 366 with sparsity), 48 GB GDDR6 with ECC,
+  864 GB/s, "PCIe Gen4 x16: 64 GB/s bidirectional", no NVLink (NVIDIA's L40S datasheet table as quoted at
+  https://www.mullet.se/product.html?product_id=355414 and https://www.itcreations.com/nvidia-gpu/nvidia-l40s-gpu-accelerator).
+- RTX 4090: 165.15 TFLOP/s fp16/bf16 tensor (330.3 with sparsity; NVIDIA's 330 dense figure is with fp16
+  accumulate, which PyTorch does not use), 82.58 TF32, 24 GB GDDR6X at 1,008 GB/s
+  (https://waredb.com/processor/nvidia-geforce-rtx-4090, after NVIDIA's Ada architecture whitepaper).
+- M2 Ultra: up to 76 GPU cores, "up to 27.2 teraflops", up to 192 GB unified memory at 800 GB/s (Apple's
+  Mac Pro page, June 2023, https://www.apple.com/mac-pro; M3 Ultra: 819 GB/s, up to 512 GB).
+- Interconnect seen by NCCL's ring collectives, per direction per GPU: NVLink 450 GB/s (H100 SXM) and
+  300 GB/s (A100 SXM) are the halves of the bidirectional figures, an upper bound that large messages
+  approach; PCIe 4.0 x16 is 32 GB/s raw per direction (the L40S datasheet's 64 GB/s bidirectional), ~25 GB/s
+  effective after protocol overhead (used for L40S, RTX 4090 and unknown PCIe GPUs); PCIe 5.0 x16 ~50 GB/s
+  effective; PCIe 3.0 x16 (T4) ~12 GB/s.
 """
 
 from __future__ import annotations
@@ -32,6 +53,24 @@ CPU_TFLOPS_PER_CORE = 0.03
 # or the per-process CUDA context that torch's allocator does not count.
 APPLE_USABLE_SHARE = 0.70
 
+# Effective per-direction bandwidths in GB/s (see the module docstring for the sources).
+NVLINK_H100_GBS = 450.0
+NVLINK_A100_GBS = 300.0
+PCIE4_GBS = 25.0
+PCIE5_GBS = 50.0
+PCIE3_GBS = 12.0
+
+# Hourly prices are APPROXIMATE on-demand list prices in USD for the whole machine (all its GPUs), typical of
+# specialist GPU clouds (Lambda, RunPod, CoreWeave and the like) as of 2026-11; hyperscalers (AWS, GCP, Azure)
+# list 1.5-2x more, spot/community offers less. Ranges seen: H100 SXM $2.50-3.50 and A100 80 GB $1.10-1.50 per
+# GPU-hour at specialist clouds (https://www.mercatus-ai.com/blog/cloud-gpu-pricing, May 2026); L40S $0.86
+# (RunPod) to $1.86 (AWS g6e.xlarge) (https://modal.com/blog/nvidia-l40s-price-article, Aug 2025); RTX 4090
+# $0.34 spot / $0.60 on-demand (https://deploybase.ai/articles/runpod-gpu-pricing, Mar 2026). Check your
+# provider, or pass `anyfit plan --price-per-hour`.
+PRICE_DATE = "2026-11"
+PRICE_NOTE = (f"prices: approximate on-demand USD/hour for the whole machine, typical of specialist GPU clouds in "
+              f"{PRICE_DATE} (hyperscalers list 1.5-2x more); override with --price-per-hour")
+
 
 @dataclass(frozen=True)
 class Target:
@@ -48,6 +87,10 @@ class Target:
     mfu: float | None = None  # None: DEFAULT_MFU[device]
     note: str = ""
     measured: dict[str, float] = field(default_factory=dict)  # e.g. {"fp32": 0.07} measured on this machine
+    interconnect_gbs: float = 0.0  # device-to-device GB/s per direction per device (NVLink, PCIe); 0: one device
+    host_link_gbs: float = PCIE4_GBS  # device <-> host GB/s per direction (what CPU offload streams over)
+    host_memory_gib: float | None = None  # host RAM of the machine (all processes share it); None: unknown
+    price_per_hour: float | None = None  # USD per hour for the whole target (all devices); None: no price
 
     @property
     def efficiency(self) -> float:
@@ -70,6 +113,7 @@ class Target:
 
 
 def _apple(key: str, gb: int, chip: str, tflops: float, bandwidth: float) -> Target:
+    # Unified memory: the host RAM *is* the device memory (no separate host budget, nothing to offload to).
     return Target(key, f"Apple {chip} {gb} GB", "mps", gb * APPLE_USABLE_SHARE,
                   {"fp32": tflops, "bf16": tflops, "fp16": tflops}, bandwidth,
                   note=f"unified memory: ~{APPLE_USABLE_SHARE:.0%} of {gb} GB usable by the GPU (Metal working-set "
@@ -77,21 +121,45 @@ def _apple(key: str, gb: int, chip: str, tflops: float, bandwidth: float) -> Tar
 
 
 _H100 = {"bf16": 989.0, "fp16": 989.0, "fp32": 495.0}
+_A100 = {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}
+_L40S = {"bf16": 362.0, "fp16": 362.0, "fp32": 183.0}
+_RTX4090 = {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6}
 
+# Host RAM of the preset machines: a typical cloud instance with that GPU (GCP a2-highgpu-1g 85 GB and
+# a2-ultragpu-1g 170 GB for one A100, n1-standard-8 30 GB with a T4, AWS g6e.2xlarge 64 GiB with one L40S and
+# g6e.48xlarge 1,536 GiB with eight, AWS p5.48xlarge 2 TiB with eight H100, ~225 GiB on one-H100 instances), and
+# 64 GiB for a desktop with an RTX 4090; the values below are in GiB). It bounds CPU offload and the model
+# loading of every process.
 PRESETS: dict[str, Target] = {t.key: t for t in [
     _apple("m-16", 16, "M-series (M2/M3/M4 base)", 4.0, 100.0),
     _apple("m-36", 36, "M-series (M3 Pro/Max, M4 Pro)", 10.0, 300.0),
     _apple("m-128", 128, "M-series (M3/M4 Max)", 16.0, 546.0),
+    replace(_apple("m-ultra-192", 192, "M2/M3 Ultra", 27.2, 800.0), name="Apple Mac Studio M2/M3 Ultra 192 GB"),
     Target("t4", "NVIDIA T4 16 GB", "cuda", 14.7, {"fp16": 65.0, "fp32": 8.1}, 320.0, cuda_capability=(7, 5),
-           note="Turing: fp16 tensor cores with loss scaling, no native bf16, no TF32"),
-    Target("a100-40", "NVIDIA A100 40 GB", "cuda", 39.4, {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}, 1555.0,
-           cuda_capability=(8, 0)),
-    Target("a100-80", "NVIDIA A100 80 GB", "cuda", 79.1, {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0}, 2039.0,
-           cuda_capability=(8, 0)),
+           note="Turing: fp16 tensor cores with loss scaling, no native bf16, no TF32",
+           interconnect_gbs=PCIE3_GBS, host_link_gbs=PCIE3_GBS, host_memory_gib=28.0, price_per_hour=0.35),
+    Target("rtx4090", "NVIDIA RTX 4090 24 GB", "cuda", 23.6, _RTX4090, 1008.0, cuda_capability=(8, 9),
+           note="Ada consumer card: 165 TFLOP/s bf16/fp16 with fp32 accumulate (the 330 figure is fp16 accumulate); "
+                "PCIe only (GeForce cards do not do peer-to-peer, so multi-GPU collectives are likely slower than "
+                "the 25 GB/s assumed)",
+           interconnect_gbs=PCIE4_GBS, host_memory_gib=64.0, price_per_hour=0.60),
+    Target("l40s", "NVIDIA L40S 48 GB", "cuda", 44.5, _L40S, 864.0, cuda_capability=(8, 9),
+           note="Ada data-center card, GDDR6 with ECC (~45 GiB usable), PCIe 4.0, no NVLink",
+           interconnect_gbs=PCIE4_GBS, host_memory_gib=64.0, price_per_hour=1.00),
+    Target("8xl40s", "NVIDIA L40S 48 GB", "cuda", 44.5, _L40S, 864.0, num_devices=8, cuda_capability=(8, 9),
+           note="one node, PCIe 4.0 between the GPUs (no NVLink): collectives run at ~25 GB/s per GPU, so "
+                "gradient all-reduce and FSDP gathers can dominate the step",
+           interconnect_gbs=PCIE4_GBS, host_memory_gib=1536.0, price_per_hour=8.00),
+    Target("a100-40", "NVIDIA A100 40 GB", "cuda", 39.4, _A100, 1555.0, cuda_capability=(8, 0),
+           interconnect_gbs=NVLINK_A100_GBS, host_memory_gib=79.0, price_per_hour=1.30),
+    Target("a100-80", "NVIDIA A100 80 GB", "cuda", 79.1, _A100, 2039.0, cuda_capability=(8, 0),
+           interconnect_gbs=NVLINK_A100_GBS, host_memory_gib=158.0, price_per_hour=1.50),
     Target("h100", "NVIDIA H100 80 GB", "cuda", 79.1, _H100, 3350.0, cuda_capability=(9, 0),
-           note="SXM datasheet 989 TFLOP/s bf16 dense; a dense bf16 matmul measured 789 on the H100 this project used"),
+           note="SXM datasheet 989 TFLOP/s bf16 dense; a dense bf16 matmul measured 789 on the H100 this project used",
+           interconnect_gbs=NVLINK_H100_GBS, host_link_gbs=PCIE5_GBS, host_memory_gib=225.0, price_per_hour=3.00),
     Target("8xh100", "NVIDIA H100 80 GB", "cuda", 79.1, _H100, 3350.0, num_devices=8, cuda_capability=(9, 0),
-           note="one node, NVLink; data parallel (DDP) or FSDP full-shard over the 8 GPUs"),
+           note="one node, NVLink; data parallel (DDP) or FSDP full-shard over the 8 GPUs",
+           interconnect_gbs=NVLINK_H100_GBS, host_link_gbs=PCIE5_GBS, host_memory_gib=2048.0, price_per_hour=24.00),
 ]}
 
 # Known CUDA GPUs by a substring of torch.cuda.get_device_name(): dense bf16/fp16 and fp32 (TF32) TFLOP/s.
@@ -110,6 +178,21 @@ def cuda_peak(name: str) -> tuple[dict[str, float], str]:
         if key.lower() in name.lower():
             return peak, ""
     return _GENERIC_CUDA, f"unknown GPU '{name}': A100-class throughput assumed for the time estimate"
+
+
+def cuda_interconnect(name: str) -> float:
+    """GPU-to-GPU GB/s per direction guessed from torch.cuda.get_device_name(): the SXM parts (NVLink) report
+    "H100 80GB HBM3", "H200", "A100-SXM4-..."; PCIe cards ("H100 PCIe", "A100 80GB PCIe", L40S, RTX) get PCIe 4.0.
+    A guess from the name only: a PCIe-only node with SXM-named GPUs does not exist, NVLink bridges on PCIe
+    cards are not seen."""
+    n = name.upper()
+    if "PCIE" in n or "NVL" in n.replace("NVLINK", ""):
+        return PCIE4_GBS
+    if "H100" in n or "H200" in n or "H800" in n:
+        return NVLINK_H100_GBS
+    if "A100" in n or "A800" in n:
+        return NVLINK_A100_GBS
+    return PCIE4_GBS
 
 
 def measure_cpu_tflops(seconds: float = 0.3, n: int = 1024) -> float:
@@ -149,10 +232,14 @@ def this_machine(measure_cpu: bool = False) -> Target:
 
     hw = Hardware.detect()
     if hw.cuda:
+        import psutil  # a dependency of accelerate
+
         total = total_bytes("cuda:0") / GIB
         peak, note = cuda_peak(hw.cuda_name)
         return Target("local", hw.cuda_name, "cuda", round(total, 1), peak, 2000.0, num_devices=hw.cuda_count,
-                      cuda_capability=hw.cuda_capability, note=("this machine; " + note).rstrip("; "))
+                      cuda_capability=hw.cuda_capability, note=("this machine; " + note).rstrip("; "),
+                      interconnect_gbs=cuda_interconnect(hw.cuda_name),
+                      host_memory_gib=round(psutil.virtual_memory().total / GIB, 1))
     if hw.mps:
         tflops = _apple_chip_tflops()
         return Target("local", "this Mac (MPS)", "mps", total_bytes("mps") / GIB,
@@ -171,8 +258,8 @@ def custom_target(device: str, memory_gb: float, gpus: int = 1) -> Target:
     """A machine given only by its device kind and memory (``anyfit plan --device cuda --memory-gb 24``)."""
     if device == "cuda":
         return Target("custom", f"CUDA GPU {memory_gb:g} GB", "cuda", memory_gb * 1e9 / GIB, _GENERIC_CUDA, 1500.0,
-                      num_devices=gpus, cuda_capability=(8, 0),
-                      note="custom size; A100-class throughput and native bf16 assumed")
+                      num_devices=gpus, cuda_capability=(8, 0), interconnect_gbs=PCIE4_GBS,
+                      note="custom size; A100-class throughput, native bf16 and PCIe 4.0 between GPUs assumed")
     if device == "mps":
         return replace(_apple("custom", int(memory_gb), "M-series", 8.0, 200.0), name=f"Apple Mac {memory_gb:g} GB")
     if device == "cpu":
@@ -184,15 +271,22 @@ def custom_target(device: str, memory_gb: float, gpus: int = 1) -> Target:
 
 
 def targets_from_args(device: str | None = None, memory_gb: float | None = None, gpus: int | None = None,
-                      measure_cpu: bool = True) -> list[Target] | None:
-    """The targets named by ``anyfit plan``'s --device/--memory-gb/--gpus; None means the default table.
+                      measure_cpu: bool = True, price_per_hour: float | None = None) -> list[Target] | None:
+    """The targets named by ``anyfit plan``'s --device/--memory-gb/--gpus/--price-per-hour; None means the
+    default table.
 
-    --device is a preset key (t4, a100-40, a100-80, h100, 8xh100, m-16, m-36, m-128), 'local' (this
-    machine), or a device kind (cuda, mps, cpu) that needs --memory-gb. --memory-gb and --gpus override
-    the memory per device and the device count of whatever was picked.
+    --device is a preset key (see ``PRESETS``), 'local' (this machine), or a device kind (cuda, mps, cpu)
+    that needs --memory-gb. --memory-gb and --gpus override the memory per device and the device count of
+    whatever was picked (a preset's price and host RAM scale with the GPU count). --price-per-hour sets the price of
+    the whole picked machine; given alone it prices this machine in the default table (presets keep theirs).
     """
+    if price_per_hour is not None and price_per_hour < 0:
+        raise ConfigError(f"--price-per-hour must be 0 or more, got {price_per_hour}.")
     if device is None and memory_gb is None and gpus is None:
-        return None
+        if price_per_hour is None:
+            return None
+        local, *presets = default_targets(measure_cpu=measure_cpu)
+        return [replace(local, price_per_hour=price_per_hour), *presets]
     if device is None or device in ("local", "this", "auto"):
         target = this_machine(measure_cpu=measure_cpu)
     elif device in PRESETS:
@@ -216,7 +310,13 @@ def targets_from_args(device: str | None = None, memory_gb: float | None = None,
             raise ConfigError(f"--gpus must be at least 1, got {gpus}.")
         if gpus > 1 and target.device != "cuda":
             raise ConfigError(f"--gpus {gpus}: multi-device plans are for CUDA GPUs, not {target.device}.")
-        target = replace(target, num_devices=gpus)
+        # A machine with more (or fewer) GPUs of this kind: its price and host RAM scale with the GPU count.
+        scale = gpus / target.num_devices
+        target = replace(target, num_devices=gpus,
+                         price_per_hour=None if target.price_per_hour is None else target.price_per_hour * scale,
+                         host_memory_gib=None if target.host_memory_gib is None else target.host_memory_gib * scale)
+    if price_per_hour is not None:
+        target = replace(target, price_per_hour=price_per_hour)
     return [target]
 
 

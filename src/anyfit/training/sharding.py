@@ -72,6 +72,12 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
         raise ConfigError("train.optimizer=adafactor with sharding: torch's Adafactor cannot update sharded weights. "
                           "Use train.optimizer=adamw (sharding already divides its state by the process count) or "
                           "adamw_8bit on CUDA, or runtime.sharding=none.")
+    if cfg.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
+        # bitsandbytes quantizes its states block by block over whole tensors; sharded (DTensor) weights are
+        # not something it has been run on here, so it is refused rather than trusted.
+        raise ConfigError(f"train.optimizer={cfg.train.optimizer} with sharding is not supported by anyfit: use "
+                          "train.optimizer=adamw (sharding already divides its state by the process count), or "
+                          "runtime.sharding=none.")
     if precision == "fp16":
         raise ConfigError("runtime.sharding with fp16: loss scaling of sharded gradients is not supported by anyfit. "
                           "Use runtime.precision=bf16 (Ampere or newer) or fp32, or runtime.sharding=none.")
