@@ -79,9 +79,11 @@ class DataConfig:
     fields: dict[str, str] = _f(
         {}, "Map anyfit's fields to yours, e.g. {prompt: problem, completion: solution} for MATH.")
     template: str = _f(
-        "chat", "How prompt/completion pairs are rendered: 'chat' (the tokenizer's chat template), "
-        "'plain' (prompt then completion), 'r1_zero' (<think> ... </think> <answer> ... </answer>), "
-        "or a custom string with {prompt} in it.")
+        "chat", "How examples are laid out: 'chat' (the tokenizer's chat template; a string prompt becomes the user "
+        "message); 'plain' (the text is prompt + completion, nothing added between them; each tokenized on its "
+        "own); 'trl' (as TRL's SFTTrainer tokenizes the same records: prompt + completion + EOS tokenized whole, "
+        "the loss from the first token that differs from the prompt's own; conversations through the chat "
+        "template); 'r1_zero' (<think> ... </think> <answer> ... </answer>); or a custom string with {prompt} in it.")
     system_prompt: str | None = _f(None, "System message for the chat template.")
     max_length: int = _f(1024, "Longest example in tokens.")
     overlong: Literal["truncate", "drop"] = _f("truncate", "What to do with longer examples (both are counted and reported).")
@@ -544,6 +546,9 @@ def validate(cfg: Config) -> None:
     if t.micro_batch != "auto" and t.micro_batch > t.effective_batch:
         raise ConfigError(f"'train.micro_batch' ({t.micro_batch}) is larger than 'train.effective_batch' "
                           f"({t.effective_batch}); lower micro_batch or raise effective_batch.")
+    from anyfit.data.templates import check_template  # the template names live with the templates
+
+    check_template(cfg.data)
     unknown_fields = set(cfg.data.fields) - {"messages", "prompt", "completion", "text", "system", "answer"}
     if unknown_fields:
         raise ConfigError(f"'data.fields' maps unknown anyfit fields {sorted(unknown_fields)}; the keys must be among "

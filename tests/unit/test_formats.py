@@ -119,3 +119,53 @@ def test_bad_pretokenized_records_name_the_record(qwen_tokenizer, record, messag
 
     with pytest.raises(DataError, match=message.replace("(", r"\(")):
         tokenize_dataset([record], qwen_tokenizer, DataConfig())
+
+
+def test_unknown_role_names_record_role_and_the_accepted_roles():
+    records = [{"messages": CHAT}, {"messages": [CHAT[0], {"role": "robot", "content": "beep"}]}]
+    with pytest.raises(DataError) as e:
+        to_examples(records, DataConfig())
+    msg = str(e.value)
+    assert msg.startswith("Record 1: message 1 of 'messages' has role 'robot'")
+    assert "system, user, assistant, tool" in msg and "\n" not in msg
+    sharegpt = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "x"}]}]
+    with pytest.raises(DataError, match="role 'observation'.*ShareGPT's human/gpt are mapped"):
+        to_examples(sharegpt, DataConfig(fields={"messages": "conversations"}))
+
+
+@pytest.mark.parametrize("messages, message", [
+    ([], "'messages' must be a non-empty list"),
+    ("hello", "'messages' must be a non-empty list"),
+    (["hi"], "message 0 of 'messages' must be an object"),
+    ([{"content": "hi"}], "message 0 of 'messages' has no 'role'"),
+    ([{"role": "user"}], "message 0 of 'messages' has no 'content'"),
+    ([{"role": "user", "content": 5}], "message 0 of 'messages': 'content' must be a string, got 5"),
+    ([{"role": "user", "content": None}], "message 0 of 'messages': 'content' is null"),
+    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+     "message 0 of 'messages' has a list of content parts"),
+    ([{"role": 1, "content": "hi"}], "message 0 of 'messages' has role 1"),
+])
+def test_message_shape_errors_are_one_line_and_name_the_record(messages, message):
+    with pytest.raises(DataError) as e:
+        to_examples([{"messages": CHAT}, {"messages": messages}], DataConfig())
+    assert str(e.value).startswith(f"Record 1: {message}") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("value, message", [
+    (None, "'completion' is null"),
+    (float("nan"), "'completion' is nan, not text: a missing value?"),
+    (float("inf"), "'completion' is inf"),
+    (True, "'completion' must be a string, got True"),
+    ("a\ud800b", "'completion' holds an unpaired surrogate"),
+])
+def test_field_values_that_are_not_text(value, message):
+    with pytest.raises(DataError) as e:
+        to_examples([{"prompt": "q", "completion": value}], DataConfig())
+    assert str(e.value).startswith(f"Record 0: {message}")
+
+
+def test_solution_is_the_completion_or_the_last_assistant_turn():
+    (pc, chat, open_chat) = to_examples([{"prompt": "q", "completion": "s"}], DataConfig()) + to_examples(
+        [{"messages": CHAT}, {"messages": CHAT[:1]}], DataConfig())
+    assert (pc.solution, chat.solution, open_chat.solution) == ("s", "hello", None)
+    assert Example("text", text="t").solution is None

@@ -80,7 +80,7 @@ def test_prompt_completion_masks_the_prompt(qwen_tokenizer):
         assert qwen_tokenizer.decode(prompt_ids) == render_prompt(ex, qwen_tokenizer, cfg)
         assert trained_spans(qwen_tokenizer, row) == ["4<|im_end|>"]
     plain = one(qwen_tokenizer, record, template="plain")
-    assert qwen_tokenizer.decode(plain["input_ids"]) == "What is 2+2?\n4<|im_end|>"
+    assert qwen_tokenizer.decode(plain["input_ids"]) == "What is 2+2?4<|im_end|>"  # nothing added between
 
 
 def test_r1_zero_shape_and_boxed_answer(qwen_tokenizer):
@@ -157,8 +157,6 @@ def test_text_templates_refuse_what_they_cannot_show(qwen_tokenizer):
                          DataConfig(template="plain", system_prompt="sys"))
     with pytest.raises(DataError, match="Use data.template=chat for multi-turn"):
         tokenize_dataset([TWO_TURNS], qwen_tokenizer, DataConfig(template="plain"))
-    with pytest.raises(DataError, match="no '\\{prompt\\}' placeholder"):
-        tokenize_dataset([TWO_TURNS], qwen_tokenizer, DataConfig(template="chatml"))
     no_template = copy.copy(qwen_tokenizer)
     no_template.chat_template = None
     with pytest.raises(DataError, match="tokenizer has no chat template"):
@@ -176,9 +174,9 @@ def test_show_example(qwen_tokenizer):
     (ex,) = to_examples([record], DataConfig(template="plain"))
     ids, labels = tokenize_example(ex, qwen_tokenizer, DataConfig(template="plain"))
     plain = show_example(ids, labels, qwen_tokenizer, color=False)
-    assert plain == f"What is 2+2?\n⟦4<|im_end|>⟧\n{len(ids)} tokens, 2 trained ({200 / len(ids):.0f}%)"
+    assert plain == f"What is 2+2?⟦4<|im_end|>⟧\n{len(ids)} tokens, 2 trained ({200 / len(ids):.0f}%)"
     colored = show_example(ids, labels, qwen_tokenizer, color=True)
-    assert colored.startswith(f"{GREY}What is 2+2?\n") and f"{GREEN}4<|im_end|>" in colored
+    assert colored.startswith(f"{GREY}What is 2+2?") and f"{GREEN}4<|im_end|>" in colored
 
 
 def test_report_summary(qwen_tokenizer):
@@ -211,3 +209,86 @@ def test_text_templates_start_with_the_tokenizers_bos(qwen_tokenizer):
     (ex,) = to_examples([{"prompt": "hi", "completion": "yo"}], cfg)
     prompt_ids = prompt_token_ids(ex, tok, cfg)
     assert prompt_ids[0] == tok.bos and ids[: len(prompt_ids)] == prompt_ids
+
+
+def test_plain_is_prompt_then_completion_tokenized_each_on_its_own(qwen_tokenizer):
+    tok = qwen_tokenizer
+    for prompt, completion in [("6 times 7? Answer:", " 42"), ("The capital of France is ", "Paris."),
+                               ("Line\n", "next")]:
+        row = one(tok, {"prompt": prompt, "completion": completion}, template="plain")
+        prompt_ids = tok(prompt, add_special_tokens=False)["input_ids"]
+        completion_ids = tok(completion, add_special_tokens=False)["input_ids"]
+        assert row["input_ids"] == prompt_ids + completion_ids + [tok.eos_token_id]
+        assert tok.decode(row["input_ids"]) == prompt + completion + "<|im_end|>"
+        assert trained_spans(tok, row) == [completion + "<|im_end|>"]
+
+
+def test_trl_tokenizes_the_joined_text_and_trains_from_the_first_difference(qwen_tokenizer):
+    tok = qwen_tokenizer
+    record = {"prompt": "The capital of France is ", "completion": "Paris."}
+    row = one(tok, record, template="trl")
+    assert row["input_ids"] == tok("The capital of France is Paris.<|im_end|>")["input_ids"]
+    # " Paris" is one token across the boundary: it is trained, the prompt's lone " " is not in the sequence
+    assert trained_spans(tok, row) == [" Paris.<|im_end|>"]
+    cfg = DataConfig(template="trl")
+    (ex,) = to_examples([record], cfg)
+    assert prompt_token_ids(ex, tok, cfg) == tok("The capital of France is ")["input_ids"]
+    everything = one(tok, record, template="trl", train_on="all")
+    assert everything["labels"][1:] == everything["input_ids"][1:]
+    no_eos = one(tok, record, template="trl", add_eos=False)
+    assert no_eos["input_ids"] == row["input_ids"][:-1]
+
+
+def test_trl_conversations_use_the_chat_template(qwen_tokenizer):
+    tok = qwen_tokenizer
+    row = one(tok, TWO_TURNS, template="trl", train_on="all")  # TRL's default for conversations: every token
+    full = tok.apply_chat_template(TWO_TURNS["messages"], tokenize=True, return_dict=True)["input_ids"]
+    assert row["input_ids"] == full
+    assert row["labels"][1:] == row["input_ids"][1:]
+    record = {"prompt": TWO_TURNS["messages"][:3], "completion": [TWO_TURNS["messages"][3]]}
+    row = one(tok, record, template="trl")
+    assert trained_spans(tok, row) == ["2 + 3 = 5.<|im_end|>\n"]  # the template's newline after the turn, as in TRL
+    cfg = DataConfig(template="trl")
+    (ex,) = to_examples([record], cfg)
+    prompt_ids = prompt_token_ids(ex, tok, cfg)
+    assert row["input_ids"][: len(prompt_ids)] == prompt_ids
+    with pytest.raises(DataError, match="only data.template=chat renders .and trl, for conversations."):
+        tokenize_dataset([{"prompt": "q", "completion": "a"}], tok, DataConfig(template="trl", system_prompt="sys"))
+
+
+def test_trl_assistant_only_needs_generation_markers(qwen_tokenizer, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "trl.chat_template_utils", None)  # as if TRL were not installed
+    with pytest.raises(DataError, match="assistant_only_loss.*not installed. Set data.train_on=all"):
+        tokenize_dataset([TWO_TURNS], qwen_tokenizer, DataConfig(template="trl"))
+
+
+def test_unknown_template_is_a_config_error_before_any_data():
+    from anyfit.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="data.template='chatml' is not one of chat, plain, trl, r1_zero"):
+        load_config(None, ["data.template=chatml"])
+    assert load_config(None, ['data.template="Q: {prompt}\\nA:"']).data.template == "Q: {prompt}\nA:"
+
+
+def test_tool_turns_need_a_template_that_renders_them(qwen_tokenizer):
+    record = {"messages": [{"role": "user", "content": "Weather?"}, {"role": "tool", "content": "SUNNY-42"},
+                           {"role": "assistant", "content": "Sunny."}]}
+    row = one(qwen_tokenizer, record)
+    assert "SUNNY-42" in qwen_tokenizer.decode(row["input_ids"])  # Qwen's template has a tool role
+    no_tools = copy.copy(qwen_tokenizer)
+    no_tools.chat_template = ("{% for m in messages %}{% if m.role != 'tool' %}<|im_start|>{{ m.role }}\n"
+                              "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}"
+                              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    with pytest.raises(DataError, match="Record 0: message 1 has role 'tool', but the tokenizer's chat template"):
+        tokenize_dataset([record], no_tools, DataConfig())
+
+
+def test_conversations_without_an_assistant_turn_are_counted_apart(qwen_tokenizer):
+    no_answer = {"messages": TWO_TURNS["messages"][:1]}
+    _, report = tokenize_dataset([TWO_TURNS, no_answer], qwen_tokenizer, DataConfig())
+    assert (report.kept, report.dropped_nothing_to_train, report.dropped_no_target) == (1, 1, 0)
+    assert "1 were dropped with nothing to train on" in report.summary()
+    with pytest.raises(DataError, match="1 with nothing to train on .conversations without an assistant turn"):
+        tokenize_dataset([no_answer], qwen_tokenizer, DataConfig())

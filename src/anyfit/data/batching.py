@@ -17,8 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from anyfit.config import ConfigError, TrainConfig
-
-IGNORE_INDEX = -100
+from anyfit.data.tokenization import IGNORE_INDEX
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,60 @@
-r"""Templates: how an ``Example`` is laid out as text, split into masked and trained segments.
+r"""Templates: how an ``Example`` is laid out as text, and which part of it carries loss.
 
 ``data.template`` is one of
 
-- ``chat``: the tokenizer's chat template; every assistant turn is trained;
-- ``plain``: the prompt, a newline (unless the prompt already ends in whitespace), then the completion;
+- ``chat``: the tokenizer's chat template; every assistant turn is trained. A string prompt becomes a user
+  message, the completion the assistant's answer.
+- ``plain``: the prompt then the completion, exactly as written: the text is ``prompt + completion`` with
+  nothing added between them (a separator, a space or a newline, belongs in the data or in a custom template);
+- ``trl``: the records as TRL's ``SFTTrainer`` tokenizes them (its default settings; ``data.train_on`` picks its
+  completion-only / assistant-only loss), for results comparable token for token (see below);
 - ``r1_zero``: the R1-Zero prompt used for Qwen2.5-Math SFT on MATH; the completion becomes
   ``{solution} </think> <answer> {answer} </answer>`` with the answer from the ``answer`` field or the
   solution's last ``\boxed{...}``;
 - any string containing ``{prompt}`` (the completion follows the filled-in string directly).
 
-Segments stay text here; ``anyfit.data.tokenization`` tokenizes each one separately, so the prompt tokens
-are exactly those the model is given at generation time (``render_prompt``).
+For all but ``trl`` the result is a ``Rendering``: text segments that ``anyfit.data.tokenization`` tokenizes
+one by one, so the prompt's tokens are exactly those the model is given at generation time
+(``render_prompt``), and a prompt/completion pair is ``tokens(prompt) + tokens(completion)``. Plain text
+(the ``text`` format) is one trained segment under every template.
+
+``trl`` gives a ``Joined`` text (or, for conversations trained on their assistant turns, a ``TemplateMasked``
+conversation), tokenized whole as TRL does:
+
+- prompt/completion strings: ``prompt + completion + EOS`` (the tokenizer's EOS text, unless the completion
+  already ends with it) is tokenized with the tokenizer's special tokens (BOS); the loss starts at the first
+  token where these ids differ from those of the prompt tokenized alone. Tokens can merge across the
+  boundary (``"Answer: " + "Paris"``): the merged token is then trained and the prompt seen in training ends
+  differently from the one given at generation, as in TRL;
+- a prompt given as messages: the chat template applied to the prompt with the generation prompt, and to
+  the prompt plus the assistant completion; the same first-difference rule; no EOS added (the template
+  ends the turn);
+- messages: the chat template applied to the whole conversation. ``data.train_on=all`` trains every token
+  (TRL's default for conversations); ``completion`` trains the template's ``{% generation %}`` spans (TRL's
+  ``assistant_only_loss``), with TRL's training version of the template when the tokenizer's has no such
+  markers (that needs TRL installed);
+- text: ``text + EOS``, tokenized with special tokens, every token trained.
+
+``data.add_eos=false`` leaves the EOS text out; a system prompt (``data.system_prompt`` or a ``system`` field)
+is put first in a conversation as with ``chat`` (TRL has no such setting).
+
+Which ``data.template`` values exist is checked once, with the config (``check_template``, called by
+``anyfit.config.validate``), not per example.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Union
 
-from transformers import PreTrainedTokenizerBase
-
-from anyfit.evaluation.answers import extract_boxed
-from anyfit.config import DataConfig
-from anyfit.data.sources import DataError
+from anyfit.config import ConfigError, DataConfig
 from anyfit.data.formats import Example, Message
+from anyfit.data.sources import DataError
+from anyfit.evaluation.answers import extract_boxed
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 R1_ZERO_PROMPT = (
     "A conversation between User and Assistant. The User asks a question, and the Assistant solves it. "
@@ -33,7 +65,10 @@ R1_ZERO_PROMPT = (
     "Assistant: <think>"
 )
 R1_ZERO_COMPLETION = "{solution} </think> <answer> {answer} </answer>"
-NAMED_TEMPLATES = ("chat", "plain", "r1_zero")
+NAMED_TEMPLATES = ("chat", "plain", "trl", "r1_zero")
+# {% generation %} ... {% endgeneration %} marks the assistant's tokens in a chat template (HF's assistant mask);
+# the whitespace-trim variants ({%- generation -%}) count too.
+_GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 class MissingAnswer(DataError):
@@ -50,35 +85,60 @@ class Segment:
 
 @dataclass(frozen=True)
 class Rendering:
-    """An example as segments. ``add_special_tokens``: put the tokenizer's leading special tokens (BOS)
-    first; false for chat templates, which write their own."""
+    """An example as segments, each tokenized on its own. ``add_special_tokens``: put the tokenizer's leading
+    special tokens (BOS) first; false for chat templates, which write their own."""
 
     segments: list[Segment]
     add_special_tokens: bool
 
 
+@dataclass(frozen=True)
+class Joined:
+    """TRL's layout: ``text`` is tokenized whole (with the tokenizer's special tokens when ``add_special_tokens``);
+    the loss starts where its ids stop matching those of ``prompt`` tokenized the same way, and covers every
+    token when ``prompt`` is None."""
+
+    text: str
+    prompt: str | None
+    add_special_tokens: bool
+
+
+@dataclass(frozen=True)
+class TemplateMasked:
+    """A conversation tokenized by the chat template itself, the loss on the template's ``{% generation %}``
+    spans (TRL's ``assistant_only_loss``); ``place`` names the record for errors."""
+
+    messages: list[Message]
+    place: str
+
+
+Rendered = Union[Rendering, Joined, TemplateMasked]
+
+
 def check_template(cfg: DataConfig) -> None:
-    """Fail early on a template that is neither a known name nor a string with ``{prompt}``."""
+    """Fail on a template that is neither a known name nor a string with ``{prompt}`` (run by config validation)."""
     if cfg.template not in NAMED_TEMPLATES and "{prompt}" not in cfg.template:
-        raise DataError(f"data.template={cfg.template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has no "
-                        "'{prompt}' placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")
+        raise ConfigError(f"data.template={cfg.template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has no "
+                          "'{prompt}' placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")
 
 
-def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> Rendering:
-    """The example as masked/trained text segments, following ``cfg.template``."""
-    check_template(cfg)
+def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> Rendered:
+    """The example laid out as ``cfg.template`` says (``cfg`` validated: see ``check_template``)."""
+    if cfg.template == "trl":
+        return _render_trl(example, tokenizer, cfg)
     if example.kind == "text":
         # Raw text is already laid out; templates only arrange prompts and completions.
         return Rendering([Segment(example.text or "", trained=True)], add_special_tokens=True)
     if cfg.template == "chat":
         messages, trained_turns = _chat_messages(example, cfg)
-        return Rendering(_chat_segments(messages, trained_turns, tokenizer, example.index), add_special_tokens=False)
+        _check_tool_turns(messages, tokenizer, example)
+        return Rendering(_chat_segments(messages, trained_turns, tokenizer, example), add_special_tokens=False)
     prompt, completion = _single_turn(example, cfg)
     if cfg.template == "r1_zero":
         answer = reference_answer(example)
         if answer is None:
-            raise MissingAnswer(f"Record {example.index}: r1_zero needs an answer, but there is no 'answer' field "
-                                "and the completion has no \\boxed{...}; map one with data.fields: {answer: ...}.")
+            raise MissingAnswer(f"{example.place}: r1_zero needs an answer, but there is no 'answer' field and the "
+                                "completion has no \\boxed{...}; map one with data.fields: {answer: ...}.")
         completion = R1_ZERO_COMPLETION.format(solution=completion.strip(), answer=answer)
     return Rendering([Segment(_text_prompt(prompt, cfg), trained=False), Segment(completion, trained=True)],
                      add_special_tokens=True)
@@ -87,35 +147,85 @@ def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig
 def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> str:
     """The text the model is given to generate this example's (last) answer, as in training.
 
-    For chat templates the text already holds the template's special tokens: tokenize it with
+    When ``uses_chat_template`` the text already holds the template's special tokens: tokenize it with
     ``add_special_tokens=False``. ``anyfit.data.tokenization.prompt_token_ids`` gives the exact ids.
     """
-    check_template(cfg)
-    if example.kind == "text":
-        raise DataError(f"Record {example.index} is plain text: it has no prompt to generate from.")
-    if cfg.template == "chat":
+    if example.kind in ("text", "tokens"):
+        raise DataError(f"{example.place} is {'plain text' if example.kind == 'text' else 'pre-tokenized'}: it has "
+                        "no prompt to generate from.")
+    if uses_chat_template(example, cfg):
         messages, trained_turns = _chat_messages(example, cfg)
         if not trained_turns:
-            raise DataError(f"Record {example.index} has no assistant turn to generate.")
-        return _apply_chat_template(tokenizer, messages[: trained_turns[-1]], True, example.index)
+            raise DataError(f"{example.place} has no assistant turn to generate.")
+        return _apply_chat_template(tokenizer, messages[: trained_turns[-1]], True, example)
     prompt, _ = _single_turn(example, cfg)
-    return _text_prompt(prompt, cfg)
+    return prompt if cfg.template == "trl" else _text_prompt(prompt, cfg)
+
+
+def uses_chat_template(example: Example, cfg: DataConfig) -> bool:
+    """Whether the example is rendered by the tokenizer's chat template (which writes its own BOS)."""
+    conversational = example.kind == "messages" or isinstance(example.prompt, list)
+    return cfg.template == "chat" or (cfg.template == "trl" and conversational)
 
 
 def reference_answer(example: Example) -> str | None:
-    r"""The short answer of an example: its ``answer`` field, else the completion's last ``\boxed{...}``."""
+    r"""The short answer of an example: its ``answer`` field, else the solution's last ``\boxed{...}``."""
     if example.answer is not None and example.answer.strip():
         return example.answer.strip()
-    completion = example.completion
-    if completion is None and example.messages and example.messages[-1]["role"] == "assistant":
-        completion = example.messages[-1]["content"]
-    return extract_boxed(completion) if completion else None
+    solution = example.solution
+    return extract_boxed(solution) if solution else None
+
+
+def generation_template(tokenizer: PreTrainedTokenizerBase) -> str:
+    """The chat template whose ``{% generation %}`` spans TRL's ``assistant_only_loss`` trains: the tokenizer's
+    own if it has them, else TRL's training version of it (``trl.chat_template_utils``, for known models)."""
+    own = _chat_template_text(tokenizer)
+    if _GENERATION_MARKER.search(own):
+        return own
+    why = ("data.template=trl with data.train_on=completion on conversations is TRL's assistant_only_loss, which "
+           "needs a chat template with {% generation %} markers; this tokenizer's has none")
+    try:
+        from trl.chat_template_utils import get_training_chat_template
+    except ImportError:
+        raise DataError(f"{why}, and TRL, which ships marked versions of common templates, is not installed. Set "
+                        "data.train_on=all (TRL's default for conversations: every token trained) or use "
+                        "data.template=chat (assistant turns found by rendering).") from None
+    try:
+        return get_training_chat_template(tokenizer) or own
+    except ValueError:
+        raise DataError(f"{why}, and TRL has no marked version of it. Set data.train_on=all (TRL's default for "
+                        "conversations: every token trained), use data.template=chat (assistant turns found by "
+                        "rendering), or give a tokenizer whose chat template has the markers.") from None
+
+
+def _render_trl(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> Joined | TemplateMasked:
+    """TRL's SFTTrainer layout (``_prepare_dataset`` in trl/trainer/sft_trainer.py, TRL 1.16)."""
+    # TRL appends the EOS text to plain completions and texts that do not already end with it.
+    eos = tokenizer.eos_token if cfg.add_eos else None
+    if example.kind == "text":
+        return Joined(_with_eos(example.text or "", eos), None, add_special_tokens=True)
+    if not uses_chat_template(example, cfg):
+        prompt, completion = _single_turn(example, cfg)
+        return Joined(prompt + _with_eos(completion, eos), prompt if cfg.train_on == "completion" else None,
+                      add_special_tokens=True)
+    messages, _ = _chat_messages(example, cfg)
+    _check_tool_turns(messages, tokenizer, example)
+    if example.kind == "messages":
+        if cfg.train_on == "completion":
+            return TemplateMasked(messages, example.place)
+        return Joined(_apply_chat_template(tokenizer, messages, False, example), None, add_special_tokens=False)
+    prompt = _apply_chat_template(tokenizer, messages[:-1], True, example)
+    full = _apply_chat_template(tokenizer, messages, False, example)
+    return Joined(full, prompt if cfg.train_on == "completion" else None, add_special_tokens=False)
+
+
+def _with_eos(text: str, eos: str | None) -> str:
+    return text + eos if eos and not text.endswith(eos) else text
 
 
 def _text_prompt(prompt: str, cfg: DataConfig) -> str:
     if cfg.template == "plain":
-        # A newline keeps question and answer apart ("2+2?\n4", not "2+2?4") unless the data has one.
-        return prompt if not prompt or prompt[-1].isspace() else prompt + "\n"
+        return prompt
     template = R1_ZERO_PROMPT if cfg.template == "r1_zero" else cfg.template
     # str.replace, not str.format: custom templates and LaTeX prompts contain literal braces.
     return template.replace("{prompt}", prompt)
@@ -129,19 +239,19 @@ def _single_turn(example: Example, cfg: DataConfig) -> tuple[str, str]:
         if roles and roles[0] == "system":
             system, roles = example.messages[0]["content"], roles[1:]
         if roles != ["user", "assistant"]:
-            raise DataError(f"Record {example.index} is a conversation with roles {roles}; template "
-                            f"{cfg.template!r} renders a single user/assistant exchange. Use data.template=chat "
-                            "for multi-turn conversations.")
+            raise DataError(f"{example.place} is a conversation with roles {roles}; template {cfg.template!r} renders "
+                            "a single user/assistant exchange. Use data.template=chat for multi-turn conversations.")
         prompt, completion = example.messages[-2]["content"], example.messages[-1]["content"]
     else:
         if isinstance(example.prompt, list):
-            raise DataError(f"Record {example.index}: the prompt is a list of messages, which template "
-                            f"{cfg.template!r} cannot lay out; use data.template=chat or a string prompt.")
+            raise DataError(f"{example.place}: the prompt is a list of messages, which template {cfg.template!r} "
+                            "cannot lay out; use data.template=chat or a string prompt.")
         prompt, completion = example.prompt or "", example.completion or ""
     if system:
         # Silently dropping a system prompt would change the task without a word; say so instead.
-        raise DataError(f"Record {example.index} has a system prompt, which only data.template=chat renders. "
-                        "Unset data.system_prompt (or the 'system' field), or write it into a custom template.")
+        raise DataError(f"{example.place} has a system prompt, which only data.template=chat renders (and trl, for "
+                        "conversations). Unset data.system_prompt (or the 'system' field), or write it into a custom "
+                        "template.")
     return prompt, completion
 
 
@@ -162,8 +272,20 @@ def _chat_messages(example: Example, cfg: DataConfig) -> tuple[list[Message], li
     return messages, trained
 
 
+def _check_tool_turns(messages: list[Message], tokenizer: PreTrainedTokenizerBase, example: Example) -> None:
+    """Fail when the chat template leaves a 'tool' message out: templates without a tool role drop them silently."""
+    if not any(m["role"] == "tool" for m in messages):
+        return
+    text = _apply_chat_template(tokenizer, messages, False, example)
+    for j, m in enumerate(messages):
+        if m["role"] == "tool" and m["content"].strip() not in text:
+            raise DataError(f"{example.place}: message {j} has role 'tool', but the tokenizer's chat template does "
+                            "not render tool messages (its text is missing from the result). Remove the tool turns "
+                            "or use a tokenizer whose chat template has a tool role.")
+
+
 def _chat_segments(messages: list[Message], trained_turns: list[int], tokenizer: PreTrainedTokenizerBase,
-                   index: int) -> list[Segment]:
+                   example: Example) -> list[Segment]:
     """Split a chat-templated conversation into masked and trained text by rendering it incrementally.
 
     For assistant turn i, the text up to it is the template applied to ``messages[:i]`` with the
@@ -177,33 +299,43 @@ def _chat_segments(messages: list[Message], trained_turns: list[int], tokenizer:
     segments: list[Segment] = []
     done = ""  # the conversation text covered by the segments so far
     for i in trained_turns:
-        before = _apply_chat_template(tokenizer, messages[:i], True, index)
-        through = _apply_chat_template(tokenizer, messages[: i + 1], False, index)
+        before = _apply_chat_template(tokenizer, messages[:i], True, example)
+        through = _apply_chat_template(tokenizer, messages[: i + 1], False, example)
         if not before.startswith(done) or not through.startswith(before):
             shorter, longer = (done, before) if not before.startswith(done) else (before, through)
             at = next((k for k, (a, b) in enumerate(zip(shorter, longer)) if a != b), len(shorter))
             raise DataError(
-                f"Record {index}: the tokenizer's chat template does not render this conversation incrementally: "
+                f"{example.place}: the tokenizer's chat template does not render this conversation incrementally: "
                 f"the text before assistant turn {i} changes once the turn is added ({shorter[max(0, at - 30):at + 30]!r} "
                 f"becomes {longer[max(0, at - 30):at + 30]!r}; some templates add e.g. '<think>' to the generation "
-                "prompt only). The trained spans cannot be found. Use a custom data.template with {prompt} that "
-                "writes the template's prompt text, or a tokenizer whose chat template renders prefixes stably.")
+                "prompt only). The trained spans cannot be found. Use data.template=trl (TRL's rule: the loss "
+                "starts where the token ids differ), a custom data.template with {prompt} that writes the template's "
+                "prompt text, or a tokenizer whose chat template renders prefixes stably.")
         segments.append(Segment(before[len(done):], trained=False))
         turn = through[len(before):].rstrip()
         segments.append(Segment(turn, trained=True))
         done = before + turn
     if not trained_turns:  # nothing to learn; kept so the caller can count and report it
-        segments.append(Segment(_apply_chat_template(tokenizer, messages, False, index), trained=False))
+        segments.append(Segment(_apply_chat_template(tokenizer, messages, False, example), trained=False))
     return segments
 
 
+def _chat_template_text(tokenizer: PreTrainedTokenizerBase) -> str:
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, dict):  # named variants: 'default' is the one apply_chat_template uses
+        template = template.get("default")
+    if not template:
+        raise DataError("The tokenizer has no chat template, so this data cannot be rendered with data.template=chat "
+                        "(or trl, for conversations). Choose data.template=plain, r1_zero or a custom string with "
+                        "{prompt}, or set model.tokenizer to one that has a chat template.")
+    return template
+
+
 def _apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: list[Message], generation_prompt: bool,
-                         index: int) -> str:
-    if not getattr(tokenizer, "chat_template", None):
-        raise DataError("The tokenizer has no chat template, so data.template=chat cannot be used. Choose "
-                        "data.template=plain, r1_zero or a custom string with {prompt}, or set model.tokenizer "
-                        "to one that has a chat template.")
+                         example: Example) -> str:
+    _chat_template_text(tokenizer)
     try:
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate") from template code
-        raise DataError(f"Record {index}: the chat template failed on this conversation: {e}") from e
+        raise DataError(f"{example.place}: the chat template failed on this conversation: "
+                        f"{' '.join(str(e).split())}") from e

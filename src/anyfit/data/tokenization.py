@@ -1,12 +1,14 @@
 """Rendered examples to ``input_ids`` and ``labels``, with the length policy and a report of what was kept.
 
 ``labels`` are aligned with ``input_ids`` (HF convention: the model shifts them by one inside its loss);
--100 marks a position without loss. Position 0 is always -100 because no token predicts it, so the
-count of non-(-100) labels is exactly the number of tokens the loss is taken over.
+``IGNORE_INDEX`` (-100, defined here for all of anyfit) marks a position without loss. Position 0 is always
+ignored because no token predicts it, so the count of other labels is exactly the number of tokens the
+loss is taken over.
 
-Each segment of a rendering is tokenized on its own and the ids are concatenated, so the prompt's ids
+Each segment of a ``Rendering`` is tokenized on its own and the ids are concatenated, so the prompt's ids
 are the ones the model is given when it generates (tokenizing the joined text could merge tokens
-across the prompt/completion boundary).
+across the prompt/completion boundary). ``data.template=trl`` renderings are tokenized whole instead,
+as TRL does (see ``anyfit.data.templates``).
 
 ``show_example`` prints one tokenized example with its loss mask visible (``anyfit render``): seeing
 exactly which tokens carry loss is the quickest check that a template and mask are right.
@@ -17,16 +19,27 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any
-
-from transformers import PreTrainedTokenizerBase
+from typing import TYPE_CHECKING, Any
 
 from anyfit.config import DataConfig
-from anyfit.data.sources import DataError
 from anyfit.data.formats import Example, to_examples
-from anyfit.data.templates import MissingAnswer, Rendering, check_template, render, render_prompt
+from anyfit.data.sources import DataError
+from anyfit.data.templates import (
+    Joined,
+    MissingAnswer,
+    Rendered,
+    Rendering,
+    TemplateMasked,
+    generation_template,
+    render,
+    render_prompt,
+    uses_chat_template,
+)
 
-IGNORE_INDEX = -100
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100  # the label of a position without loss (PyTorch's cross-entropy default ignore_index)
 GREEN = "\033[32m"
 GREY = "\033[90m"
 RESET = "\033[0m"
@@ -40,7 +53,8 @@ class DataReport:
     loaded: int = 0
     truncated: int = 0
     dropped_overlong: int = 0
-    dropped_no_target: int = 0
+    dropped_nothing_to_train: int = 0  # before any cut: a conversation without an assistant turn, ...
+    dropped_no_target: int = 0  # the cut to max_length left no trained token
     dropped_no_answer: int = 0
     kept: int = 0
     total_tokens: int = 0
@@ -57,9 +71,12 @@ class DataReport:
         if self.dropped_overlong:
             parts.append(f"{self.dropped_overlong} were dropped as longer than data.max_length={self.length_limit} "
                          "(data.overlong=drop).")
+        if self.dropped_nothing_to_train:
+            parts.append(f"{self.dropped_nothing_to_train} were dropped with nothing to train on (a conversation "
+                         "without an assistant turn, or an empty completion).")
         if self.dropped_no_target:
-            parts.append(f"{self.dropped_no_target} were dropped with no trainable tokens left (the prompt fills "
-                         "data.max_length, or there is no assistant turn).")
+            parts.append(f"{self.dropped_no_target} were dropped with no trainable tokens left within "
+                         f"data.max_length={self.length_limit} (the prompt fills it).")
         if self.dropped_no_answer:
             parts.append(f"{self.dropped_no_answer} were dropped for lack of an answer (no 'answer' field, no "
                          "\\boxed{}) for the r1_zero template.")
@@ -79,10 +96,10 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
 
     Returns ``[{"input_ids": [...], "labels": [...]}, ...]`` (unpadded) and the report. Raises
     DataError if no example is left, saying which filter removed them and which setting to change.
+    ``cfg`` is taken as validated (``anyfit.config.validate`` checks ``data.template``).
     """
     if not records_or_examples:
         raise DataError("No examples to tokenize: the dataset is empty.")
-    check_template(cfg)
     if isinstance(records_or_examples[0], Example):
         examples = list(records_or_examples)
     else:
@@ -92,7 +109,7 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
     if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
         pairs = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
     else:
-        renderings: list[Rendering] = []
+        renderings: list[Rendered] = []
         for example in examples:
             try:
                 renderings.append(render(example, tokenizer, cfg))
@@ -102,6 +119,9 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
 
     out: list[TokenizedExample] = []
     for input_ids, labels in pairs:
+        if not _count_trained(labels):
+            report.dropped_nothing_to_train += 1
+            continue
         if len(input_ids) > cfg.max_length:
             if cfg.overlong == "drop":
                 report.dropped_overlong += 1
@@ -137,7 +157,7 @@ def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase,
 def prompt_token_ids(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> list[int]:
     """The ids the model is given to generate this example's (last) answer: the same ids as in training."""
     # Chat templates write their own BOS; the text templates get the tokenizer's (as in `render`).
-    prefix = _special_prefix(tokenizer) if cfg.template != "chat" else []
+    prefix = [] if uses_chat_template(example, cfg) else _special_prefix(tokenizer)
     return prefix + _encode([render_prompt(example, tokenizer, cfg)], tokenizer)[0]
 
 
@@ -159,12 +179,31 @@ def show_example(input_ids: list[int], labels: list[int], tokenizer: PreTrainedT
     return "".join(pieces) + f"\n{len(input_ids)} tokens, {n_trained} trained ({share:.0f}%)"
 
 
-def _tokenize_renderings(renderings: Sequence[Rendering], tokenizer: PreTrainedTokenizerBase,
+def _tokenize_renderings(renderings: Sequence[Rendered], tokenizer: PreTrainedTokenizerBase,
                          cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
-    eos = tokenizer.eos_token_id
-    if cfg.add_eos and eos is None:
+    if cfg.add_eos and tokenizer.eos_token_id is None:
         raise DataError("data.add_eos is on but the tokenizer has no EOS token; set data.add_eos=false or use a "
                         "tokenizer with one.")
+    # Each kind in one pass (batched encoding where the kind allows it), then back in the original order.
+    pairs: list[tuple[list[int], list[bool]]] = [([], [])] * len(renderings)
+    for kind, tokenize_kind in ((Rendering, _tokenize_segments), (Joined, _tokenize_joined),
+                                (TemplateMasked, _tokenize_template_masked)):
+        where = [i for i, r in enumerate(renderings) if isinstance(r, kind)]
+        if where:
+            for i, pair in zip(where, tokenize_kind([renderings[i] for i in where], tokenizer, cfg)):
+                pairs[i] = pair
+    results = []
+    for input_ids, trained in pairs:
+        labels = [tok if (t or cfg.train_on == "all") else IGNORE_INDEX for tok, t in zip(input_ids, trained)]
+        if labels:
+            labels[0] = IGNORE_INDEX  # nothing predicts the first token
+        results.append((input_ids, labels))
+    return results
+
+
+def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTokenizerBase,
+                       cfg: DataConfig) -> list[tuple[list[int], list[bool]]]:
+    eos = tokenizer.eos_token_id
     prefix = _special_prefix(tokenizer)
     # One batched call: the fast tokenizer encodes the whole list in parallel.
     encoded = iter(_encode([s.text for r in renderings for s in r.segments], tokenizer))
@@ -182,10 +221,36 @@ def _tokenize_renderings(renderings: Sequence[Rendering], tokenizer: PreTrainedT
         if cfg.add_eos and rendering.segments[-1].trained and input_ids[-1:] != [eos]:
             input_ids.append(eos)
             trained.append(True)
-        labels = [tok if (t or cfg.train_on == "all") else IGNORE_INDEX for tok, t in zip(input_ids, trained)]
-        if labels:
-            labels[0] = IGNORE_INDEX  # nothing predicts the first token
-        results.append((input_ids, labels))
+        results.append((input_ids, trained))
+    return results
+
+
+def _tokenize_joined(renderings: Sequence[Joined], tokenizer: PreTrainedTokenizerBase,
+                     cfg: DataConfig) -> list[tuple[list[int], list[bool]]]:
+    """TRL's rule: the text tokenized whole; the loss from the first token where it differs from the prompt's ids
+    (not always the prompt's length: the prompt's last token can merge with the completion's first)."""
+    texts = _encode_each([(r.text, r.add_special_tokens) for r in renderings], tokenizer)
+    prompts = iter(_encode_each([(r.prompt, r.add_special_tokens) for r in renderings if r.prompt is not None],
+                                tokenizer))
+    results = []
+    for rendering, ids in zip(renderings, texts):
+        start = 0 if rendering.prompt is None else _common_prefix(next(prompts), ids)
+        results.append((ids, [False] * start + [True] * (len(ids) - start)))
+    return results
+
+
+def _tokenize_template_masked(renderings: Sequence[TemplateMasked], tokenizer: PreTrainedTokenizerBase,
+                              cfg: DataConfig) -> list[tuple[list[int], list[bool]]]:
+    template = generation_template(tokenizer)  # once: finding TRL's version of a template renders probes
+    results = []
+    for rendering in renderings:
+        try:
+            enc = tokenizer.apply_chat_template(rendering.messages, chat_template=template, tokenize=True,
+                                                return_dict=True, return_assistant_tokens_mask=True)
+        except Exception as e:  # jinja raises its own errors from template code
+            raise DataError(f"{rendering.place}: the chat template failed on this conversation: "
+                            f"{' '.join(str(e).split())}") from e
+        results.append((list(enc["input_ids"]), [bool(m) for m in enc["assistant_masks"]]))
     return results
 
 
@@ -193,7 +258,7 @@ def _pretokenized(example: Example, cfg: DataConfig, vocab_size: int) -> tuple[l
     ids = example.input_ids
     bad = next((t for t in ids if not 0 <= t < vocab_size), None)
     if bad is not None:
-        raise DataError(f"Record {example.index}: token id {bad} is outside the tokenizer's vocabulary "
+        raise DataError(f"{example.place}: token id {bad} is outside the tokenizer's vocabulary "
                         f"(0..{vocab_size - 1}); the data was tokenized with another tokenizer.")
     mask = example.completion_mask if example.completion_mask is not None and cfg.train_on == "completion" \
         else [1] * len(ids)
@@ -202,9 +267,28 @@ def _pretokenized(example: Example, cfg: DataConfig, vocab_size: int) -> tuple[l
     return list(ids), labels
 
 
-def _encode(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+def _encode(texts: list[str], tokenizer: PreTrainedTokenizerBase, add_special_tokens: bool = False) -> list[list[int]]:
     # Special tokens written in the text (a chat template's <|im_start|>) are still recognised as such.
-    return tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
+
+
+def _encode_each(items: list[tuple[str, bool]], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
+    """The ids of each (text, add_special_tokens), in order, in one batched call per setting."""
+    out: list[list[int]] = [[] for _ in items]
+    for special in (False, True):
+        where = [i for i, (_, s) in enumerate(items) if s == special]
+        for i, ids in zip(where, _encode([items[i][0] for i in where], tokenizer, special)):
+            out[i] = list(ids)
+    return out
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
@@ -231,9 +315,12 @@ def _nothing_left(report: DataReport) -> str:
     if report.dropped_overlong:
         reasons.append(f"{report.dropped_overlong} longer than data.max_length={report.length_limit} (set "
                        "data.overlong=truncate or raise data.max_length)")
+    if report.dropped_nothing_to_train:
+        reasons.append(f"{report.dropped_nothing_to_train} with nothing to train on (conversations without an "
+                       "assistant turn, or empty completions: check the data, e.g. with anyfit render)")
     if report.dropped_no_target:
-        reasons.append(f"{report.dropped_no_target} with no trainable tokens (the prompt alone fills "
-                       "data.max_length: raise it; or the data has no assistant turns/completions)")
+        reasons.append(f"{report.dropped_no_target} with no trainable tokens within data.max_length="
+                       f"{report.length_limit} (the prompt alone fills it: raise data.max_length)")
     if report.dropped_no_answer:
         reasons.append(f"{report.dropped_no_answer} without an answer for r1_zero (map data.fields: {{answer: ...}} "
                        "or use solutions with \\boxed{})")

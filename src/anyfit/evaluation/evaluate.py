@@ -34,7 +34,7 @@ from anyfit.data.sources import DataError, load_records
 from anyfit.data.formats import Example, detect_format, to_examples
 from anyfit.evaluation.grading import grade
 from anyfit.evaluation.inference import BatchSize, Completion, GenerationParams, InferenceBackend, TransformersBackend, make_backend
-from anyfit.data.templates import check_template, reference_answer
+from anyfit.data.templates import reference_answer
 from anyfit.data.tokenization import prompt_token_ids
 
 STRUCTURED = ("boxed", "answer_tag", "gsm8k")
@@ -62,7 +62,6 @@ def load_eval_examples(cfg: DataConfig) -> list[Example]:
     Test sets often have a question and a short answer but no solution (``{prompt: problem, answer:
     answer}``); such records get an empty completion so the prompt/completion format applies.
     """
-    check_template(cfg)
     records = load_records(cfg)
     prompt_col = cfg.fields.get("prompt", "prompt")
     completion_col = cfg.fields.get("completion", "completion")
@@ -80,10 +79,7 @@ def load_eval_examples(cfg: DataConfig) -> list[Example]:
 def example_gold(example: Example) -> str | None:
     """The gold answer: the ``answer`` field (its ``#### N`` or ``\\boxed{}`` if it is a whole solution),
     else the reference solution's ``#### N`` (GSM8K) or last ``\\boxed{}`` (MATH)."""
-    solution = example.completion
-    if solution is None and example.messages and example.messages[-1]["role"] == "assistant":
-        solution = example.messages[-1]["content"]
-    return gold_answer(reference_answer(example), solution)
+    return gold_answer(reference_answer(example), example.solution)
 
 
 def score_completions(completions: Sequence[Completion | str], golds: Sequence[str | None], style: AnswerStyle,

@@ -207,7 +207,14 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False):
 
     apply_policy(policy)
     dynamo = TorchDynamoPlugin(backend="inductor", dynamic=True) if compile_model else None
-    return Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo)
+    accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo)
+    # Accelerate keeps one state per Python process: a Trainer built earlier in the same process (a notebook)
+    # fixes the mixed precision for every later Accelerator, which would silently train in another precision.
+    if accelerator.mixed_precision != policy.mixed_precision:
+        raise ConfigError(f"HF Accelerate was already set up in this Python process with mixed precision "
+                          f"{accelerator.mixed_precision!r} (for example by a transformers Trainer), but this run needs "
+                          f"{policy.mixed_precision!r}: run anyfit in a fresh process (or restart the notebook kernel).")
+    return accelerator
 
 
 def apply_policy(policy: RuntimePolicy) -> None:
