@@ -102,6 +102,35 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_plot(args) -> int:
+    from anyfit.training.plot import plot_run
+
+    print(f"wrote {plot_run(args.run, args.out)}")
+    return 0
+
+
+def cmd_download(args) -> int:
+    cfg = _load(args)
+    from anyfit.download import download
+
+    download(cfg, to=args.to)
+    return 0
+
+
+def version() -> str:
+    """The installed distribution's version; ``anyfit.__version__`` when running from a source tree that is not
+    installed (both come from pyproject.toml's version)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("anyfit")
+    except PackageNotFoundError:
+        from anyfit import __version__
+
+        return __version__
+
+
 def cmd_quickstart(args) -> int:
     from anyfit.quickstart import run_quickstart
 
@@ -226,6 +255,7 @@ def cmd_eval(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="anyfit", description="Supervised fine-tuning that adapts to the hardware.")
+    parser.add_argument("--version", action="version", version=f"anyfit {version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("train", help="Fine-tune a model: anyfit train CONFIG.yaml [key=value ...]")
@@ -261,6 +291,19 @@ def build_parser() -> argparse.ArgumentParser:
                         "without either, only per 100 steps).")
     p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("plot", help="Draw a run's training loss, validation loss and generation accuracy against the "
+                                     "step (from its metrics.jsonl) into a PNG.")
+    p.add_argument("run", help="The output folder of a training run (train.output_dir).")
+    p.add_argument("--out", help="PNG file to write (default: RUN/loss.png).")
+    p.set_defaults(func=cmd_plot)
+
+    p = sub.add_parser("download", help="Fetch the model and data sets a config needs (before renting the GPU): "
+                                         "anyfit download CONFIG [key=value ...] [--to DIR]")
+    _config_args(p)
+    p.add_argument("--to", metavar="DIR", help="Put the copies under DIR (model/, tokenizer/, data/) instead of the "
+                                               "Hugging Face cache, and print the overrides that use them.")
+    p.set_defaults(func=cmd_download)
 
     p = sub.add_parser("quickstart", help="Offline demo: fine-tune SmolLM2-135M on synthetic arithmetic on this machine.")
     p.add_argument("--output-dir", default="runs/quickstart", help="Where the fine-tuned model goes.")

@@ -123,6 +123,10 @@ class TrainConfig:
     save_every: int = _f(0, "Write a checkpoint every N steps (0: only the final model).")
     keep_last: int = _f(2, "Keep this many most recent checkpoints.")
     log_every: int = _f(10, "Write a metrics line every N steps (each costs one device-to-host sync).")
+    report_to: list[str] | str = _f(
+        "none", "Also send every metrics line to experiment trackers, through Accelerate's: none, or one or a list of "
+        "tensorboard, wandb, mlflow, trackio (install the tracker: pip install 'anyfit[tensorboard]', ...). "
+        "wandb offline: set WANDB_MODE=offline.")
     seed: int = _f(42, "Seed for initialisation of adapters, data order and dropout.")
     resume: str | None = _f(
         None, "Continue a run: 'auto' (the newest complete checkpoint in output_dir; a fresh start if there is "
@@ -441,6 +445,7 @@ def keys_of(section: str) -> list[str]:
     return [k for k in all_keys() if k.startswith(section + ".")]
 
 
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # train.report_to values (Accelerate's tracker names)
 RUN_CONFIG = "config.yaml"  # the resolved config a training run writes into its output folder
 
 
@@ -546,6 +551,11 @@ def validate(cfg: Config) -> None:
     if t.micro_batch != "auto" and t.micro_batch > t.effective_batch:
         raise ConfigError(f"'train.micro_batch' ({t.micro_batch}) is larger than 'train.effective_batch' "
                           f"({t.effective_batch}); lower micro_batch or raise effective_batch.")
+    trackers = [cfg.train.report_to] if isinstance(cfg.train.report_to, str) else list(cfg.train.report_to)
+    unknown = [r for r in trackers if r not in TRACKERS and r != "none"]
+    if unknown:
+        raise ConfigError(f"'train.report_to' {unknown} is not a tracker anyfit knows; use none or any of "
+                          f"{', '.join(TRACKERS)}.{_suggest(unknown[0], list(TRACKERS))}")
     from anyfit.data.templates import check_template  # the template names live with the templates
 
     check_template(cfg.data)

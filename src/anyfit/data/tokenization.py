@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
+from tqdm.auto import tqdm
+
 from anyfit.config import DataConfig
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.sources import DataError
@@ -110,7 +112,8 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
         pairs = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
     else:
         renderings: list[Rendered] = []
-        for example in examples:
+        # Rendering (chat templates, one example at a time) is the slow part on large sets: a bar from 5k examples.
+        for example in tqdm(examples, desc="render", unit="example", leave=False, disable=len(examples) < 5000):
             try:
                 renderings.append(render(example, tokenizer, cfg))
             except MissingAnswer:

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
+from tqdm.auto import tqdm
 
 from anyfit.config import ConfigError, DataConfig
 from anyfit.data.formats import Example
@@ -264,7 +265,10 @@ class TransformersBackend:
         device = next(model.parameters()).device
         outputs: list[Completion | None] = [None] * len(ids)
         extra = {"tokenizer": tok} if params.stop else {}  # stop_strings need the tokenizer's vocabulary
-        with torch.inference_mode(), _eval_mode(model), _seeded(params.seed, device):
+        # A bar on stderr for what takes minutes (anyfit eval on hundreds of prompts); tqdm hides it for one batch.
+        bar = tqdm(total=len(order), desc="generate", unit="prompt", leave=False, dynamic_ncols=True,
+                   disable=len(order) <= batch)
+        with torch.inference_mode(), _eval_mode(model), _seeded(params.seed, device), bar:
             start = 0
             while start < len(order):
                 rows = order[start:start + batch]
@@ -288,6 +292,7 @@ class TransformersBackend:
                 for r, i in enumerate(rows):
                     outputs[i] = _finish(tok, out[r, width:].tolist(), eos_ids, params, len(ids[i]))
                 start += len(rows)
+                bar.update(len(rows))
         return outputs  # type: ignore[return-value]
 
 

@@ -112,6 +112,14 @@ def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool 
                               "is needed). Use runtime.device=auto or cpu.")
         reasons.append(f"device {device}: asked for in the config")
 
+    if cfg.compile and device == "mps" and not inference:
+        # torch.compile's inductor has only an early-prototype Metal back end (its own source says so:
+        # torch/_inductor/codegen/mps.py), and anyfit compiles with dynamic shapes through the backward pass,
+        # which nobody has checked on MPS; eager mode is what the MPS numbers and tests here are for.
+        raise ConfigError("runtime.compile=true on mps: torch.compile's inductor back end for Apple GPUs is an early "
+                          f"prototype in torch {torch.__version__.split('+')[0]} and anyfit does not support training "
+                          "through it. Use runtime.compile=false (eager mode) on MPS.")
+
     if qlora and device != "cuda":
         raise ConfigError(f"lora.qlora=true needs a CUDA GPU (bitsandbytes 4-bit kernels), but the device is {device}. "
                           "Use plain LoRA (lora.qlora=false) here; on a Mac, LoRA in fp32 fits models up to ~3B in 16 GB.")
@@ -199,15 +207,17 @@ def inference_policy(device: str = "auto", dtype: str | torch.dtype = "auto", hw
     return resolve_runtime(RuntimeConfig(device=device, precision=precision, num_workers=0), hw, inference=True)
 
 
-def make_accelerator(policy: RuntimePolicy, compile_model: bool = False):
-    """HF Accelerate told the policy: the device, mixed precision, and torch.compile settings when asked
-    (inductor with dynamic shapes: packed rows change length every step)."""
+def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, trackers: list[str] = (),
+                     logging_dir: str | None = None):
+    """HF Accelerate told the policy: the device, mixed precision, torch.compile settings when asked (inductor
+    with dynamic shapes: packed rows change length every step), and the experiment trackers to log to."""
     from accelerate import Accelerator
     from accelerate.utils import TorchDynamoPlugin
 
     apply_policy(policy)
     dynamo = TorchDynamoPlugin(backend="inductor", dynamic=True) if compile_model else None
-    accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo)
+    accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo,
+                              log_with=list(trackers) or None, project_dir=logging_dir if trackers else None)
     # Accelerate keeps one state per Python process: a Trainer built earlier in the same process (a notebook)
     # fixes the mixed precision for every later Accelerator, which would silently train in another precision.
     if accelerator.mixed_precision != policy.mixed_precision:

@@ -22,21 +22,48 @@ import torch
 from tqdm.auto import tqdm
 
 from anyfit.config import Config
-from anyfit.data.batching import BatchPlan, StepStream, WindowBatches, WindowSampler, collate
+from anyfit.data.batching import (
+    BatchPlan,
+    StepStream,
+    WindowBatches,
+    WindowSampler,
+    collate,
+)
 from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import count_parameters, load_model, load_tokenizer
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
-from anyfit.training.checkpoint import (complete_checkpoints, load_checkpoint, resolve_resume, save_checkpoint,
-                                        save_model)
+from anyfit.training.checkpoint import (
+    complete_checkpoints,
+    load_checkpoint,
+    resolve_resume,
+    save_checkpoint,
+    save_model,
+)
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
 from anyfit.training.interruption import StopOnSignal
 from anyfit.training.loss import token_loss_sum
-from anyfit.training.metrics import MetricsLog, StepMeter
+from anyfit.training.metrics import (
+    MetricsLog,
+    StepMeter,
+    requested_trackers,
+    start_trackers,
+)
 from anyfit.training.optim import build_optimizer, build_scheduler, check_optimizer
-from anyfit.training.outputs import check_output_dir, describe_run, record_held_per_process, start_run_dir
+from anyfit.training.outputs import (
+    check_output_dir,
+    describe_run,
+    record_held_per_process,
+    start_run_dir,
+)
+from anyfit.training.plot import plot_run
 from anyfit.training.sharding import decide_sharding, shard_model
-from anyfit.training.step import clip_gradients, guarded_step, is_finite_step, skips_on_device
+from anyfit.training.step import (
+    clip_gradients,
+    guarded_step,
+    is_finite_step,
+    skips_on_device,
+)
 from anyfit.training.validation import InTrainingEval
 
 
@@ -90,7 +117,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
 
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
     check_optimizer(cfg.train.optimizer, policy.device)
-    accelerator = make_accelerator(policy, cfg.runtime.compile)
+    trackers = requested_trackers(cfg.train.report_to)
+    accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"))
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
     resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir), warn=say)
@@ -140,6 +168,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
                       describe_run(policy, sharding, plan, steps, data.report, trainable, total))
+    start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
     return run_steps(run, say)
 
 
@@ -147,7 +176,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
     """The loop: from ``run.start`` to ``run.steps``, or to a stop signal; then the checkpoint or final model."""
     cfg, acc, model, optimizer = run.cfg, run.accelerator, run.model, run.optimizer
     result = TrainResult(run.out, run.steps)
-    log = MetricsLog(run.out / "metrics.jsonl", enabled=acc.is_main_process)
+    log = MetricsLog(run.out / "metrics.jsonl", enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
     on_device = skips_on_device(optimizer, run.policy.precision)  # no host sync to learn if a step was finite
     meter = StepMeter(acc.device)
@@ -222,6 +251,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
         save_model(acc, model, run.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
-    acc.end_training()
+    if acc.is_main_process and result.losses + result.evals:
+        say(f"[anyfit] curves: {plot_run(run.out)}")
+    acc.end_training()  # closes the trackers
     result.model, result.tokenizer = acc.unwrap_model(model), run.tokenizer
     return result

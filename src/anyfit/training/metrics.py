@@ -1,4 +1,5 @@
-"""Per-step metrics: a JSONL file (one object per logged step) and the meter that fills it."""
+"""Per-step metrics: a JSONL file (one object per logged step), the same records sent to experiment trackers
+(``train.report_to``, through Accelerate's trackers), and the meter that fills them."""
 
 from __future__ import annotations
 
@@ -12,12 +13,37 @@ import torch
 from anyfit.hardware.memory import GIB, peak_bytes
 
 
-class MetricsLog:
-    """Appends one JSON object per call to ``metrics.jsonl``; a no-op off the main process."""
+def requested_trackers(report_to: list[str] | str) -> list[str]:
+    """The trackers ``train.report_to`` names, each checked to be installed (before any heavy work)."""
+    from accelerate import utils
 
-    def __init__(self, path: Path, enabled: bool):
+    from anyfit.config import ConfigError
+
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    names = [n for n in names if n != "none"]
+    missing = [n for n in names if not getattr(utils, f"is_{n}_available")()]
+    if missing:
+        raise ConfigError(f"train.report_to: {', '.join(missing)} is not installed; pip install "
+                          f"{' '.join(repr(f'anyfit[{n}]') for n in missing)} (or set train.report_to=none).")
+    return names
+
+
+def start_trackers(accelerator, trackers: list[str], run_name: str, config: dict[str, Any]) -> None:
+    """Open the trackers with the run's resolved config (flattened: trackers want scalar hyperparameters)."""
+    if trackers:
+        flat = {f"{section}.{k}": v if isinstance(v, (int, float, str, bool)) else str(v)
+                for section, values in config.items() for k, v in values.items()}
+        accelerator.init_trackers(run_name, config=flat)
+
+
+class MetricsLog:
+    """Appends one JSON object per call to ``metrics.jsonl`` and sends its numbers to the trackers the
+    accelerator was given; a no-op off the main process."""
+
+    def __init__(self, path: Path, enabled: bool, accelerator=None):
         self.path = path
         self.enabled = enabled
+        self.accelerator = accelerator if accelerator is not None and accelerator.trackers else None
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -26,6 +52,9 @@ class MetricsLog:
             return
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.accelerator is not None:
+            numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
+            self.accelerator.log(numbers, step=record["step"])
 
 
 class StepMeter:
@@ -55,9 +84,23 @@ class StepMeter:
         trained = int(self.trained)
         record = {**fields, "loss": round(loss_total / trained, 6) if trained else float("nan"),
                   "tokens_per_s": round(real_total / elapsed, 1), "real_tokens": int(real_total),
-                  "trainable_tokens": trained, "peak_mem_gib": round(peak_bytes(device) / GIB, 3)}
+                  "trainable_tokens": trained, "peak_mem_gib": round(peak_bytes(device) / GIB, 3), **system_metrics(device)}
         self.loss.zero_()
         self.trained.zero_()
         self.real_tokens = 0
         self.t0 = time.perf_counter()
         return record
+
+
+def system_metrics(device: str) -> dict[str, float]:
+    """What the machine is doing, where it can be read cheaply: host CPU use since the last call, and the GPU's
+    utilisation (through NVML, when the pynvml package is there)."""
+    import psutil  # a dependency of accelerate
+
+    out = {"cpu_percent": psutil.cpu_percent(interval=None)}
+    if device == "cuda":
+        try:
+            out["gpu_util_percent"] = float(torch.cuda.utilization())
+        except (ModuleNotFoundError, RuntimeError):  # no pynvml / NVML: utilisation is not readable here
+            pass
+    return out

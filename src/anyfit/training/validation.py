@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from anyfit.config import Config
 from anyfit.data.batching import to_device
@@ -31,7 +32,8 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
     was_training = model.training
     model.eval()  # no dropout: the number does not depend on the RNG, and the RNG is not consumed
     try:
-        for i in range(0, len(mine), micro_batch):
+        starts = range(0, len(mine), micro_batch)
+        for i in tqdm(starts, desc="validation", leave=False, disable=not accelerator.is_main_process or len(starts) < 20):
             batch = to_device(collate_fn(mine[i:i + micro_batch]), accelerator.device)
             totals[0] += loss_fn(model, batch).float()
             totals[1] += batch["keep_targets"].numel()

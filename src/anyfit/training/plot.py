@@ -1,0 +1,64 @@
+"""A run's curves as a picture: training loss, validation loss and generation accuracy against the step,
+read from its ``metrics.jsonl`` (``anyfit plot RUN``; ``loss.png`` is written at the end of every run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from anyfit.config import ConfigError
+
+PLOT_FILE = "loss.png"
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise ConfigError(f"{run_dir} has no metrics.jsonl: give the output folder of an anyfit training run.")
+    records = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: not a JSON line ({e.msg}); was the file cut off?") from None
+    return records
+
+
+def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Draw the curves of ``run_dir`` into ``out`` (default: ``run_dir/loss.png``); returns the file."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write files only (a training machine has no screen)
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read_metrics(run_dir)
+    series = {key: [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
+              for key in ("loss", "val_loss", "gen_accuracy")}
+    if not any(series.values()):
+        raise ConfigError(f"{run_dir / 'metrics.jsonl'} holds no loss or evaluation lines yet.")
+    fig, loss_ax = plt.subplots(figsize=(8, 4.5))
+    for key, label, style in (("loss", "training loss", "-"), ("val_loss", "validation loss", "o-")):
+        if series[key]:
+            steps, values = zip(*series[key])
+            loss_ax.plot(steps, values, style, label=label, markersize=3)
+    loss_ax.set_xlabel("optimizer step")
+    loss_ax.set_ylabel("loss (mean per trained token)")
+    handles, labels = loss_ax.get_legend_handles_labels()
+    if series["gen_accuracy"]:  # on its own axis: accuracy is a share, not a loss
+        acc_ax = loss_ax.twinx()
+        steps, values = zip(*series["gen_accuracy"])
+        acc_ax.plot(steps, values, "s--", color="tab:green", label="generation accuracy", markersize=4)
+        acc_ax.set_ylabel("generation accuracy")
+        acc_ax.set_ylim(0, 1)
+        more_handles, more_labels = acc_ax.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    loss_ax.legend(handles, labels, loc="upper right")
+    loss_ax.set_title(run_dir.resolve().name)
+    loss_ax.grid(alpha=0.3)
+    target = Path(out) if out is not None else run_dir / PLOT_FILE
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
