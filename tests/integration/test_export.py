@@ -1,0 +1,401 @@
+"""``anyfit export``: merged folders that reload with the same logits, GGUF files that hold the model, the
+model card, the Hub upload (against a recording fake Hub on 127.0.0.1) and every bad input as one line."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from tiny_runs import config_for, write_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from anyfit.cli import main
+from anyfit.model import export as export_module
+from anyfit.model.export import ExportError, export, llama_cpp_pre_tokenizer
+from anyfit.training.loop import train
+
+IDS = torch.tensor([[3, 17, 42, 256, 511, 7, 99, 300]])
+
+
+def logits_of(model_or_dir, ids=IDS) -> torch.Tensor:
+    model = model_or_dir
+    if not isinstance(model, torch.nn.Module):
+        model = AutoModelForCausalLM.from_pretrained(model_or_dir, dtype=torch.float32)
+    model.eval()
+    with torch.no_grad():
+        return model(ids).logits
+
+
+# Fixtures: a tiny Llama with a cut-down Qwen2.5 tokenizer (GGUF files of the full 151k vocabulary take
+# transformers 10+ s to read back), a full fine-tune run and a LoRA run.
+
+
+def cut_qwen_tokenizer(src: Path, out: Path, keep: int = 1000) -> int:
+    """Qwen2.5's tokenizer with the first ``keep`` tokens (the bytes and the first merges) and its special
+    tokens renumbered after them: the same pre-tokenizer, template and kinds of token, 1/150 of the size."""
+    tok_json = json.loads((src / "tokenizer.json").read_text())
+    vocab = {t: i for t, i in tok_json["model"]["vocab"].items() if i < keep}
+    merges = [m for m in tok_json["model"]["merges"]
+              if all(p in vocab for p in (m.split(" ") if isinstance(m, str) else m))
+              and "".join(m.split(" ") if isinstance(m, str) else m) in vocab]
+    renumber = {t["id"]: keep + n for n, t in enumerate(tok_json["added_tokens"])}
+    for t in tok_json["added_tokens"]:
+        t["id"] = renumber[t["id"]]
+    tok_json["model"].update(vocab=vocab, merges=merges)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "tokenizer.json").write_text(json.dumps(tok_json, ensure_ascii=False))
+    cfg = json.loads((src / "tokenizer_config.json").read_text())
+    cfg["added_tokens_decoder"] = {str(renumber[int(i)]): v for i, v in cfg.get("added_tokens_decoder", {}).items()}
+    (out / "tokenizer_config.json").write_text(json.dumps(cfg, ensure_ascii=False))
+    return keep + len(renumber)
+
+
+def save_tiny(out: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
+                  tie_word_embeddings=True, initializer_range=0.1, **overrides)
+    torch.manual_seed(0)
+    classes = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config),
+               "qwen3": (Qwen3ForCausalLM, Qwen3Config)}
+    model_class, config_class = classes[arch]
+    model = model_class(config_class(**common))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    out = tmp_path_factory.mktemp("qwen_cut_tokenizer")
+    cut_qwen_tokenizer(qwen_tokenizer_dir, out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_llama_dir(tmp_path_factory, small_tokenizer_dir) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("small_llama"), small_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory, tiny_llama_dir) -> Path:
+    """A finished full fine-tune of the tiny Llama (real Qwen2.5 tokenizer): 2 steps."""
+    tmp = tmp_path_factory.mktemp("full_run")
+    cfg = config_for(tiny_llama_dir, write_dataset(tmp / "d.jsonl", n=8), tmp / "run", "train.effective_batch=4",
+                     "train.micro_batch=4", "train.max_steps=2", "train.learning_rate=1e-2")
+    train(cfg, echo=lambda *a: None)
+    return tmp / "run"
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, small_llama_dir) -> Path:
+    """A finished LoRA run on the small Llama, with a validation loss in its metrics: 3 steps."""
+    tmp = tmp_path_factory.mktemp("lora_run")
+    cfg = config_for(small_llama_dir, write_dataset(tmp / "d.jsonl", n=12), tmp / "run", "lora.enabled=true",
+                     "lora.dropout=0.0", "lora.r=4", "train.effective_batch=4", "train.micro_batch=4",
+                     "train.max_steps=3", "train.learning_rate=5e-2", "eval.holdout=4", "eval.every=3")
+    train(cfg, echo=lambda *a: None)
+    return tmp / "run"
+
+
+# Merged folders
+
+
+def test_full_fine_tune_exports_fp32_with_the_same_logits(full_run, tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert main(["export", str(full_run), "--out", str(out), "--dtype", "fp32"]) == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md",
+            "config.yaml"} <= {p.name for p in out.iterdir()}
+    torch.testing.assert_close(logits_of(out), logits_of(full_run), rtol=0, atol=0)
+    card = (out / "README.md").read_text()
+    assert "full fine-tuning" in card and "Final training loss (step 2)" in card
+    assert f"anyfit export {full_run} --out {out} --dtype fp32" in card  # the command that made it
+    assert "learning_rate: 0.01" in card  # the training config, verbatim
+    assert not list(tmp_path.glob(".*partial"))  # nothing half-written left behind
+
+    # asked again: refused, then replaced with --overwrite
+    assert main(["export", str(full_run), "--out", str(out)]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["export", str(full_run), "--out", str(out), "--dtype", "bf16", "--overwrite"]) == 0
+    assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+
+
+def test_lora_run_merges_into_a_folder_with_the_adapter_on_base_logits(lora_run, small_llama_dir, tmp_path):
+    from peft import PeftModel
+
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"accuracy": 0.625, "n": 8, "format_rate": 0.75, "model": "lora"}))
+    result = export(lora_run, tmp_path / "merged", eval_summary=summary, echo=lambda *a: None)
+    out = result.out
+    assert result.merged_adapter and result.dtype == "fp32"  # the base's recorded dtype
+    assert not (out / "adapter_config.json").exists() and (out / "model.safetensors").is_file()
+
+    on_base = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(small_llama_dir, dtype=torch.float32),
+                                        lora_run)
+    base_only = logits_of(small_llama_dir)
+    expected = logits_of(on_base)
+    assert (expected - base_only).abs().max() > 1e-3  # the adapter moved the model: the test can tell
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert type(merged).__name__ == "LlamaForCausalLM"  # no PEFT wrapper left
+    torch.testing.assert_close(logits_of(merged), expected, rtol=1e-5, atol=1e-5)
+
+    card = (out / "README.md").read_text()
+    metrics = [json.loads(line) for line in (lora_run / "metrics.jsonl").read_text().splitlines()]
+    val_loss = [m["val_loss"] for m in metrics if "val_loss" in m][-1]
+    for text in (f"A supervised fine-tune of `{small_llama_dir}`", "LoRA (r=4, alpha=32", "merged into the base",
+                 "Source: `", "template: `plain`", f"Validation loss (step 3): {val_loss:.4f}", "| accuracy | 62.5% |",
+                 "| format_rate | 75.0% |", "- lora"):
+        assert text in card, text
+    assert card.startswith("---\nlibrary_name: transformers")  # Hub metadata first
+
+
+# GGUF
+
+
+@pytest.mark.parametrize("qtype", ["f16", "q8_0"])
+def test_gguf_holds_the_merged_model(qtype, lora_run, tmp_path):
+    result = export(lora_run, tmp_path / "out", gguf=qtype, echo=lambda *a: None)
+    path, agreement = result.gguf[qtype], result.agreement[qtype]
+    assert path == result.out / f"out-{qtype.upper()}.gguf" and path.is_file()
+    assert agreement.conversion_diff <= 1e-5  # the file is exactly the merged model, rounded
+    assert agreement.greedy_match == agreement.prompts == 5  # 4 prompts + 1 chat turn
+    # the rounding itself stays small at these widths (on a real model too: see the README)
+    assert agreement.max_rel_diff < (0.005 if qtype == "f16" else 0.1)
+    assert agreement.top1_agreement >= 0.9
+    print(f"{qtype}: {agreement.describe()}")
+
+    # what another tool sees: transformers reads the file with the same next-token choices
+    reread = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[5, 60, 301, 999, 1000, 42]])
+    torch.testing.assert_close(logits_of(reread, ids), logits_of(result.out, ids), rtol=0,
+                               atol=0.05 if qtype == "q8_0" else 0.005)
+    card = (result.out / "README.md").read_text()
+    assert f"| `{path.name}` | {qtype} |" in card and "- gguf" in card
+
+
+@pytest.mark.parametrize(("arch", "qtype"), [("qwen2", "q4_0"), ("qwen3", "q5_1")])
+def test_qwen_ggufs_at_low_widths(arch, qtype, tmp_path, small_tokenizer_dir):
+    # Qwen2 has q/k/v biases, Qwen3 q/k norms; neither permutes q/k
+    model_dir = save_tiny(tmp_path / arch, small_tokenizer_dir, arch=arch)
+    result = export(model_dir, tmp_path / "out", dtype="fp32", gguf=qtype, echo=lambda *a: None)
+    agreement = result.agreement[qtype]
+    assert agreement.conversion_diff <= 1e-5
+    print(f"{qtype} ({arch}): {agreement.describe()}")
+
+
+def test_llama3_rope_scaling_goes_into_the_gguf(tmp_path, small_tokenizer_dir):
+    import gguf
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}  # small: the scaling bites
+    model_dir = save_tiny(tmp_path / "llama3", small_tokenizer_dir, rope_parameters=rope)
+    result = export(model_dir, tmp_path / "out", gguf="f16", echo=lambda *a: None)
+    assert result.agreement["f16"].conversion_diff <= 1e-5
+    tensors = {t.name: t for t in gguf.GGUFReader(result.gguf["f16"]).tensors}
+    assert tensors["rope_freqs.weight"].data.tolist() == export_module._llama3_rope_factors(
+        AutoModelForCausalLM.from_pretrained(model_dir).config).tolist()
+
+
+def test_a_wrong_conversion_fails_the_export(small_llama_dir, tmp_path, monkeypatch):
+    # llama.cpp's llama layout interleaves the rotary halves of q and k; leave that out and the check sees it
+    monkeypatch.setitem(export_module._GGUF_ARCHS, "LlamaForCausalLM", export_module._GGUFArch("LLAMA", False))
+    with pytest.raises(ExportError, match="does not hold the merged model"):
+        export(small_llama_dir, tmp_path / "out", gguf="f16", echo=lambda *a: None)
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".*partial"))
+
+
+def test_llama_cpp_pre_tokenizer_is_recognised_by_how_it_splits(qwen_tokenizer):
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    assert llama_cpp_pre_tokenizer(qwen_tokenizer) == "qwen2"
+
+    def with_pre(pre) -> PreTrainedTokenizerFast:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre
+        return PreTrainedTokenizerFast(tokenizer_object=tok)
+
+    llama3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+              r"\s*[\r\n]+|\s+(?!\S)|\s+")
+    assert llama_cpp_pre_tokenizer(with_pre(pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(llama3), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]))) == "llama-bpe"
+    assert llama_cpp_pre_tokenizer(with_pre(pre_tokenizers.ByteLevel(add_prefix_space=False))) == "gpt-2"
+    assert llama_cpp_pre_tokenizer(with_pre(pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]))) == "smollm"
+    with pytest.raises(ExportError, match="none of llama.cpp's known"):
+        llama_cpp_pre_tokenizer(with_pre(pre_tokenizers.Whitespace()))
+
+
+def test_llama3_rope_factors_match_transformers():
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    config = LlamaConfig(hidden_size=2048, num_attention_heads=32, head_dim=64, max_position_embeddings=131072,
+                         rope_parameters=rope)
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    default = 1.0 / 500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
+    factors = torch.from_numpy(export_module._llama3_rope_factors(config))
+    torch.testing.assert_close(default / factors, scaled, rtol=1e-5, atol=0)  # llama.cpp divides by them
+
+
+# The Hub, up to the HTTP boundary: a fake Hub on 127.0.0.1 that records what it is sent
+
+
+class FakeHub(BaseHTTPRequestHandler):
+    requests: ClassVar[list[tuple[str, str, str | None, bytes]]] = []
+    refuse = False
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.requests.append(("POST", self.path, self.headers.get("authorization"), body))
+        host = f"http://{self.headers['Host']}"
+        if self.refuse:
+            return self._reply(401, {"error": "Invalid credentials in Authorization header"})
+        if self.path == "/api/repos/create":
+            request = json.loads(body)
+            return self._reply(200, {"url": f"{host}/{request['organization']}/{request['name']}"})
+        if self.path == "/api/validate-yaml":
+            return self._reply(200, {"errors": [], "warnings": []})
+        if self.path.endswith("/preupload/main"):  # everything inline: no LFS or Xet storage behind this fake
+            files = json.loads(body)["files"]
+            return self._reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                                               for f in files]})
+        if self.path.endswith("/commit/main"):
+            repo = self.path.removeprefix("/api/models/").removesuffix("/commit/main")
+            return self._reply(200, {"commitUrl": f"{host}/{repo}/commit/{'a' * 40}", "commitOid": "a" * 40})
+        self._reply(404, {"error": f"not faked: {self.path}"})
+
+
+@pytest.fixture
+def fake_hub():
+    from huggingface_hub import HfApi
+
+    FakeHub.requests, FakeHub.refuse = [], False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield HfApi(endpoint=f"http://127.0.0.1:{server.server_address[1]}", token="hf_test_token")
+    server.shutdown()
+    server.server_close()
+
+
+def test_push_creates_the_repo_and_uploads_the_folder_in_one_commit(fake_hub, small_llama_dir, tmp_path):
+    result = export(small_llama_dir, tmp_path / "out", push="someone/tiny-export", private=True, api=fake_hub,
+                    echo=lambda *a: None)
+    assert result.pushed == f"{fake_hub.endpoint}/someone/tiny-export"
+    paths = [p for _, p, _, _ in FakeHub.requests]
+    assert paths == ["/api/repos/create", "/api/validate-yaml", "/api/models/someone/tiny-export/preupload/main",
+                     "/api/models/someone/tiny-export/commit/main"]
+    assert all(auth == "Bearer hf_test_token" for _, _, auth, _ in FakeHub.requests)
+    assert json.loads(FakeHub.requests[0][3]) == {"name": "tiny-export", "organization": "someone",
+                                                  "visibility": "private", "type": "model"}
+    lines = [json.loads(line) for line in FakeHub.requests[-1][3].decode().splitlines()]
+    uploaded = {line["value"]["path"]: base64.b64decode(line["value"]["content"]) for line in lines
+                if line["key"] == "file"}
+    assert set(uploaded) == {p.name for p in result.out.iterdir()}
+    assert uploaded["README.md"] == (result.out / "README.md").read_bytes()
+    assert uploaded["model.safetensors"] == (result.out / "model.safetensors").read_bytes()
+
+
+def test_a_refused_push_is_one_line_and_keeps_the_export(fake_hub, small_llama_dir, tmp_path):
+    FakeHub.refuse = True
+    with pytest.raises(ExportError, match=r"pushing .* to someone/tiny failed: .*401") as e:
+        export(small_llama_dir, tmp_path / "out", push="someone/tiny", api=fake_hub, echo=lambda *a: None)
+    assert "\n" not in str(e.value) and (tmp_path / "out" / "model.safetensors").is_file()
+
+    from huggingface_hub import HfApi
+
+    nobody = HfApi(endpoint="http://127.0.0.1:9", token="hf_test_token")  # nothing listens there
+    with pytest.raises(ExportError, match="ConnectError"):
+        export(small_llama_dir, tmp_path / "out2", push="someone/tiny", api=nobody, echo=lambda *a: None)
+
+
+# Every bad input: one line, exit 2, before any weights are loaded
+
+
+def run_cli(capsys, *args: str) -> str:
+    assert main(["export", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("anyfit: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_bad_inputs_are_one_line_errors(capsys, tmp_path, small_llama_dir, monkeypatch):
+    assert "does not exist" in run_cli(capsys, str(tmp_path / "nope"))
+    (tmp_path / "empty").mkdir()
+    assert "neither a model" in run_cli(capsys, str(tmp_path / "empty"))
+    unfinished = tmp_path / "unfinished"
+    (unfinished / "checkpoint-4").mkdir(parents=True)
+    (unfinished / "config.yaml").write_text("train: {max_steps: 8}\n")
+    err = run_cli(capsys, str(unfinished))
+    assert "unfinished training run" in err and "checkpoint-4" in err
+    assert "--dtype 'float8'" in run_cli(capsys, str(small_llama_dir), "--dtype", "float8")
+    assert "not a GGUF type" in run_cli(capsys, str(small_llama_dir), "--gguf", "q3")
+    assert "llama-quantize" in run_cli(capsys, str(small_llama_dir), "--gguf", "q4_k_m")
+    (tmp_path / "taken").mkdir()
+    assert "already exists" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "taken"))
+    assert "would replace the model" in run_cli(capsys, str(small_llama_dir), "--out", str(small_llama_dir))
+    assert "no such file" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "o"),
+                                     "--eval-summary", str(tmp_path / "summary.json"))
+    assert "not a Hub repository id" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "o"),
+                                                "--push", "a/b/c")
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    assert "GGUF export handles" in run_cli(capsys, str(gpt2), "--out", str(tmp_path / "o"), "--gguf", "f16")
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # as if gguf were not installed
+    assert "pip install gguf" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "o"), "--gguf", "f16")
+    assert not (tmp_path / "o").exists()
+
+
+def test_push_without_a_token_is_refused_before_exporting(capsys, tmp_path, small_llama_dir, monkeypatch):
+    from huggingface_hub import get_token
+
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    if get_token() is not None:
+        pytest.skip("this machine has a stored Hugging Face token")
+    assert "needs a Hugging Face token" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "o"),
+                                                   "--push", "someone/tiny")
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_checkpoint_exports_with_the_metrics_up_to_its_step(lora_run, tmp_path):
+    # a checkpoint folder is a complete model; its metrics are the run's lines up to its step
+    checkpoint = tmp_path / "run" / "checkpoint-2"
+    shutil.copytree(lora_run, checkpoint, ignore=shutil.ignore_patterns("metrics.jsonl", "run_info.json"))
+    lines = [json.loads(line) for line in (lora_run / "metrics.jsonl").read_text().splitlines()]
+    (tmp_path / "run" / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in lines))
+    result = export(checkpoint, tmp_path / "out", echo=lambda *a: None)
+    card = (result.out / "README.md").read_text()
+    assert "Final training loss (step 2)" in card and "Validation loss" not in card  # val_loss came at step 3
