@@ -30,8 +30,8 @@ interrupted export never leaves something that looks finished.
 #
 # So the file is written with ``gguf`` itself: its writer, quantizers, tensor-name map and special-vocab
 # reader do the format work, and this module adds only what the conversion script would decide for the
-# architectures anyfit checks here: Llama (incl. Mistral, SmolLM), Qwen2/2.5 and Qwen3 with a byte-level
-# BPE tokenizer (llama.cpp's "gpt2" vocabulary). Anything else is refused with a one-line error that
+# architectures anyfit checks here: Llama (also SmolLM, and Mistral's architecture), Qwen2/2.5 and Qwen3, with
+# a byte-level BPE tokenizer (llama.cpp's "gpt2" vocabulary; SentencePiece ones such as Llama 2's are not). Anything else is refused with a one-line error that
 # names llama.cpp's script. Every file is loaded back with transformers (which dequantizes) and compared
 # with the merged model before the export is kept (``check_gguf``).
 
@@ -58,7 +58,7 @@ GGUF_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0")
 # How far the model transformers reads from a GGUF file may be from the merged model with its weights rounded
 # to the file's types: max |logit difference| at a position, as a share of the spread (max - min) of the
 # logits there. The weights are then the same numbers, so only the order of float operations differs
-# (measured: 0 to 2e-6); a conversion error (a q/k permutation missing, a wrong tensor, norm or rope
+# (measured: exactly 0 for every type); a conversion error (a q/k permutation missing, a wrong tensor, norm or rope
 # setting) lands at 0.3 and above at every width, which is why the check is not against the unrounded model:
 # at 4 bits on a small model honest rounding alone moves the logits that far (see the README).
 CONVERSION_TOLERANCE = 1e-3
