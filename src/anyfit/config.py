@@ -449,11 +449,23 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # train.report_to valu
 RUN_CONFIG = "config.yaml"  # the resolved config a training run writes into its output folder
 
 
+def config_file(path: str | Path) -> Path:
+    """``path`` if it is a file, else the shipped config of that name (``anyfit configs`` lists them)."""
+    from anyfit import configs
+
+    if Path(path).is_file():
+        return Path(path)
+    found = configs.find(str(path))
+    if found is not None and not Path(path).parent.name:  # a bare name, never a missing path
+        return found
+    names = ", ".join(n for n in configs.shipped() if not n.startswith("accelerate/"))
+    raise ConfigError(f"Config file {path} does not exist (shipped configs, usable by name: {names}; "
+                      "`anyfit configs NAME` prints one to copy and edit).")
+
+
 def _file_values(path: str | Path) -> tuple[dict[str, Any], dict[str, str]]:
     """Flat dotted values of a YAML config file, and the file:line each came from."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"Config file {path} does not exist.")
+    path = config_file(path)
     text = path.read_text()
     try:
         raw = yaml.safe_load(text) or {}

