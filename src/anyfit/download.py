@@ -64,7 +64,7 @@ def plan_downloads(cfg: Config) -> list[Download]:
     The same data set named twice (eval data from another split of data.path) is listed once per split,
     since ``datasets`` prepares splits separately.
     """
-    from anyfit.model.hub import looks_local
+    from anyfit.hub import looks_local
 
     m = cfg.model
     plan: list[Download] = []
@@ -137,7 +137,7 @@ def _hub_error(item: Download, e: Exception) -> ConfigError:
         RevisionNotFoundError,
     )
 
-    from anyfit.model.hub import endpoint
+    from anyfit.hub import endpoint
 
     what = "data set" if item.kind == "dataset" else item.kind
     if isinstance(e, GatedRepoError):
@@ -159,7 +159,7 @@ def _hub_failure(e: Exception) -> bool:
     """Errors of asking the hub (HTTP status, network, offline mode), as opposed to bugs, which propagate."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-    from anyfit.model.hub import _from_http_library
+    from anyfit.hub import _from_http_library
 
     return isinstance(e, (OSError, HfHubHTTPError, OfflineModeIsEnabled, TimeoutError)) or _from_http_library(e)
 
@@ -169,7 +169,7 @@ def _list_files(repo_id: str, repo_type: str, revision: str | None) -> dict[str,
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    from anyfit.model.hub import endpoint
+    from anyfit.hub import endpoint
 
     tree = HfApi(endpoint=endpoint()).list_repo_tree(repo_id, recursive=True, revision=revision, repo_type=repo_type)
     return {f.path: f.size for f in tree if isinstance(f, RepoFile)}
@@ -179,7 +179,7 @@ def _fetch_model(item: Download, cfg: Config, to: Path | None, say: Callable[[st
     """Download a model or tokenizer repository; the bytes listed and the overrides for ``to``."""
     from huggingface_hub import snapshot_download
 
-    from anyfit.model.hub import check_model_id, endpoint, offline
+    from anyfit.hub import check_model_id, endpoint, offline
 
     check_model_id(item.name, item.revision, item.gguf_file, key=item.key)  # one-line errors for typos and offline
     if offline():  # check_model_id passed: it is in the cache; nothing can be fetched or refreshed
@@ -223,7 +223,7 @@ def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) 
     """Download a hub data set: prepared into the datasets cache (where training finds it by name), or the
     repository's files into ``to`` (read as a local folder, split by file name)."""
     from anyfit.data.sources import LOCAL_SUFFIXES
-    from anyfit.model.hub import endpoint, offline
+    from anyfit.hub import endpoint, offline
 
     if offline():
         raise ConfigError(f"{item.key}: offline (HF_HUB_OFFLINE is set): cannot download data set {item.name}; "

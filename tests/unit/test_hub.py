@@ -16,21 +16,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from anyfit.config import ConfigError
-from anyfit.model.hub import check_model_id, looks_local
+from anyfit.hub import check_dataset_id, check_model_id, looks_local
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 
 
-def run_check(tmp_path, name: str, **env: str) -> dict:
+def run_check(tmp_path, name: str, check: str = "check_model_id", **env: str) -> dict:
     """check_model_id in a fresh interpreter (huggingface_hub reads HF_* settings at import) with its own
     empty cache; returns the error message (None if it passed) and how long the call took."""
     code = textwrap.dedent(f"""
         import json, time
         from anyfit.config import ConfigError
-        from anyfit.model.hub import check_model_id
+        from anyfit.hub import {check}
         t0 = time.perf_counter()
         try:
-            check_model_id({name!r}, None)
+            {check}({name!r})
             error = None
         except ConfigError as e:
             error = str(e)
@@ -95,13 +95,13 @@ def test_an_unreachable_hub_fails_fast_in_one_line(tmp_path):
 
 
 class FakeHub(BaseHTTPRequestHandler):
-    """Answers HEAD /<org>/<name>/resolve/<revision>/<file> as the hub does, by the repository name."""
+    """Answers HEAD [/datasets]/<org>/<name>/resolve/<revision>/<file> as the hub does, by the repository name."""
 
     ANSWERS = {"typo": (401, "RepoNotFound"), "gated": (403, "GatedRepo"), "gguf-only": (404, "EntryNotFound"),
                "broken": (500, None), "ok": (200, None)}
 
     def do_HEAD(self):  # noqa: N802 - http.server's naming
-        _, org, name, _, revision, filename = self.path.split("/", 5)
+        _, org, name, _, revision, filename = self.path.removeprefix("/datasets").split("/", 5)
         status, code = self.ANSWERS[name]
         if revision == "no-such-branch":
             status, code = 404, "RevisionNotFound"
@@ -151,3 +151,31 @@ def test_hub_answers_become_one_line_errors(fake_hub, name, revision, gguf_file,
             check_model_id(name, revision, gguf_file)
         assert expected in str(e.value) and "\n" not in str(e.value)
     assert time.perf_counter() - t0 < 5.0
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("Org/typo", "data.path: the hub has no data set 'Org/typo' (or it is private and you are not logged in)"),
+    ("Org/gated", "data.path: data set Org/gated is gated: accept its conditions"),
+    ("Org/broken", "data.path: cannot reach the hub"),
+    ("Org/ok", None),
+    ("Org/gguf-only", None),  # a repository without a card (README.md) still exists
+])
+def test_hub_answers_on_data_sets_become_one_line_errors(fake_hub, name, expected):
+    if expected is None:
+        check_dataset_id(name)
+    else:
+        with pytest.raises(ConfigError) as e:
+            check_dataset_id(name)
+        assert str(e.value).startswith(expected) and "\n" not in str(e.value)
+
+
+def test_data_set_offline_unreachable_or_cached(tmp_path):
+    offline = run_check(tmp_path, "openai/gsm8k", "check_dataset_id", HF_DATASETS_OFFLINE="1")
+    assert offline["error"].startswith("data.path: offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set) and "
+                                       "data set openai/gsm8k is not in the local cache")
+    unreachable = run_check(tmp_path, "openai/gsm8k", "check_dataset_id", HF_ENDPOINT=UNREACHABLE)
+    assert unreachable["error"].startswith(f"data.path: cannot reach the hub at {UNREACHABLE} to look up data set "
+                                           "openai/gsm8k")
+    assert unreachable["seconds"] < 5.0  # not datasets' ~30 s of retries
+    (tmp_path / "hf" / "hub" / "datasets--openai--gsm8k").mkdir(parents=True)  # what a download leaves
+    assert run_check(tmp_path, "openai/gsm8k", "check_dataset_id", HF_ENDPOINT=UNREACHABLE)["error"] is None

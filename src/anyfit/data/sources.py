@@ -306,6 +306,9 @@ def _slice(splits: dict[str, Records], split: str, where: str) -> Records:
 def _load_with_datasets(cfg: DataConfig) -> Records:
     import datasets
 
+    from anyfit.hub import check_dataset_id
+
+    check_dataset_id(cfg.path)  # typos and an unreachable hub: one line at once, not 30 s of retries
     try:
         ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
     except (datasets.exceptions.DatasetsError, OSError, ConnectionError, ValueError) as e:

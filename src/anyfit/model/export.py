@@ -450,7 +450,7 @@ def _gguf_section(result: ExportResult) -> list[str]:
 
 
 def _looks_like_hub_id(name: str) -> bool:
-    from anyfit.model.hub import looks_local
+    from anyfit.hub import looks_local
 
     return name.count("/") == 1 and not looks_local(name)
 

@@ -18,7 +18,7 @@ from torch import nn
 
 from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig, load_config, run_config_path
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
-from anyfit.model.hub import check_model_id, looks_local
+from anyfit.hub import check_model_id, looks_local
 from anyfit.model.shape import resolve_lora_targets
 
 

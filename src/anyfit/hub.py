@@ -1,7 +1,8 @@
-"""Checking a model name that is not a local path before anything loads it.
+"""Checking a model or data set name that is not a local path before anything loads it.
 
 Without this, a typo (``Qwen/Qwen2.5-0.5b-instrukt``) or a model that is not cached while offline reaches
-``from_pretrained``, which retries for about 30 s and ends in a long traceback. Here the same mistakes
+``from_pretrained``, which retries for about 30 s and ends in a long traceback (``datasets.load_dataset``
+retries for about 30 s too, printing every retry). Here the same mistakes
 are one-line ``ConfigError``s: offline, the local hub cache is looked at (no network, well under a
 second); online, a model that is not cached costs one metadata request (a HEAD on its config.json) with a
 short timeout and no retries.
@@ -25,12 +26,14 @@ def looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.endswith(".gguf") or Path(name).expanduser().exists()
 
 
-def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) set now, or when huggingface_hub was imported."""
+def offline(datasets: bool = False) -> bool:
+    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE; with ``datasets``, HF_DATASETS_OFFLINE) set now, or when
+    huggingface_hub was imported."""
     from huggingface_hub import constants
 
-    flag = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
-    return constants.HF_HUB_OFFLINE or flag.strip().upper() in ("1", "ON", "YES", "TRUE")
+    names = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") + (("HF_DATASETS_OFFLINE",) if datasets else ())
+    flags = (os.environ.get(name, "").strip().upper() for name in names)
+    return constants.HF_HUB_OFFLINE or any(flag in ("1", "ON", "YES", "TRUE") for flag in flags)
 
 
 def endpoint() -> str:
@@ -99,6 +102,61 @@ def check_model_id(name: str, revision: str | None = None, gguf_file: str | None
         raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up {name} ({reason}); it is not in "
                           f"the local cache, and {not_local}: check the network (or HF_ENDPOINT), or download the "
                           "model / give a local folder.") from None
+
+
+def dataset_is_cached(name: str) -> bool:
+    """Whether a download of data set ``name`` is on this machine: its files in the hub cache, or what
+    ``datasets`` prepared from them (either lets ``load_dataset`` work without the hub)."""
+    from datasets import config
+    from huggingface_hub import constants
+
+    return ((Path(constants.HF_HUB_CACHE) / f"datasets--{name.replace('/', '--')}").is_dir()
+            or (Path(config.HF_DATASETS_CACHE) / name.replace("/", "___")).is_dir())
+
+
+def check_dataset_id(name: str, key: str = "data.path", timeout: float = TIMEOUT_S) -> None:
+    """Raise a one-line ConfigError unless hub data set ``name`` is cached here or (online) exists on the hub.
+
+    Online and not cached, this costs one HEAD on the data set's card (README.md) with a short timeout and no
+    retries; a repository without a card still passes."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_url
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HFValidationError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+    )
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise ConfigError(f"{key}: {name!r} is not a local file (relative paths are taken from {Path.cwd()}) and "
+                          "not a valid hub data set name such as openai/gsm8k.") from None
+    if dataset_is_cached(name):
+        return
+    local = "for a local file give its path with the suffix (.jsonl, .json, .parquet)"
+    if offline(datasets=True):
+        raise ConfigError(f"{key}: offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set) and data set {name} is "
+                          f"not in the local cache: download it first (anyfit download CONFIG), or {local}.")
+    try:
+        get_hf_file_metadata(hf_hub_url(name, "README.md", repo_type="dataset", endpoint=endpoint()),
+                             timeout=timeout, retry_on_errors=False)
+    except EntryNotFoundError:
+        return  # the repository exists, without a card
+    except GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
+        raise ConfigError(f"{key}: data set {name} is gated: accept its conditions on {endpoint()}/datasets/{name} "
+                          "and log in (hf auth login, or set HF_TOKEN).") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{key}: the hub has no data set {name!r} (or it is private and you are not logged in); "
+                          f"check the spelling and the case (e.g. openai/gsm8k), or {local}.") from None
+    except Exception as e:  # the hub could not be asked
+        if not (isinstance(e, (OSError, HfHubHTTPError, TimeoutError)) or _from_http_library(e)):
+            raise
+        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up data set {name} ({reason}) and it "
+                          f"is not in the local cache: check the network (or HF_ENDPOINT), or {local}.") from None
 
 
 def _from_http_library(error: Exception) -> bool:
