@@ -59,7 +59,6 @@ def check_model_id(name: str, revision: str | None = None, gguf_file: str | None
         EntryNotFoundError,
         GatedRepoError,
         HFValidationError,
-        HfHubHTTPError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
@@ -96,9 +95,7 @@ def check_model_id(name: str, revision: str | None = None, gguf_file: str | None
         hint = "" if gguf_file else " Is it a GGUF-only repository? Then set model.gguf_file to one of its .gguf files."
         raise ConfigError(f"{key}: {name}{at} is on the hub but has no {filename}.{hint}") from None
     except Exception as e:  # the hub could not be asked: a network error, a timeout, or the hub failing
-        if not (isinstance(e, (OSError, HfHubHTTPError, TimeoutError)) or _from_http_library(e)):
-            raise
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = _unreachable_reason(e)
         raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up {name} ({reason}); it is not in "
                           f"the local cache, and {not_local}: check the network (or HF_ENDPOINT), or download the "
                           "model / give a local folder.") from None
@@ -124,7 +121,6 @@ def check_dataset_id(name: str, key: str = "data.path", timeout: float = TIMEOUT
         EntryNotFoundError,
         GatedRepoError,
         HFValidationError,
-        HfHubHTTPError,
         RepositoryNotFoundError,
     )
     from huggingface_hub.utils import validate_repo_id
@@ -152,11 +148,18 @@ def check_dataset_id(name: str, key: str = "data.path", timeout: float = TIMEOUT
         raise ConfigError(f"{key}: the hub has no data set {name!r} (or it is private and you are not logged in); "
                           f"check the spelling and the case (e.g. openai/gsm8k), or {local}.") from None
     except Exception as e:  # the hub could not be asked
-        if not (isinstance(e, (OSError, HfHubHTTPError, TimeoutError)) or _from_http_library(e)):
-            raise
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        reason = _unreachable_reason(e)
         raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up data set {name} ({reason}) and it "
                           f"is not in the local cache: check the network (or HF_ENDPOINT), or {local}.") from None
+
+
+def _unreachable_reason(error: Exception) -> str:
+    """The first line of a network error, a timeout or a failing hub; anything else is raised again."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if not (isinstance(error, (OSError, HfHubHTTPError, TimeoutError)) or _from_http_library(error)):
+        raise error
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def _from_http_library(error: Exception) -> bool:
