@@ -394,7 +394,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # key=value overrides may come anywhere (`anyfit eval CFG --model M key=value`): argparse ends a positional
+    # list at the first option, and its parse_intermixed_args does not support subcommands.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
     if getattr(args, "help_config", False):
         print(help_text())
         return 0

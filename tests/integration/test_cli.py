@@ -28,3 +28,20 @@ def test_missing_field_is_a_clear_error(tiny_llama_dir, tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc == 2 and "question" in err and "reply" in err and "data.fields" in err
     assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_overrides_may_follow_options(tiny_llama_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"prompt": "What is 2+2?", "completion": "4"}) + "\n")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"model:\n  name_or_path: {tiny_llama_dir}\n")
+    assert main(["render", str(cfg), "--no-color", f"data.path={data}", "--index", "0", "data.max_length=64"]) == 0
+    assert "⟦" in capsys.readouterr().out
+
+
+def test_an_unknown_option_is_still_refused(capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["render", "--no-such-option", "data.path=x.jsonl"])
+    assert exit_.value.code == 2 and "unrecognized arguments: --no-such-option" in capsys.readouterr().err

@@ -119,7 +119,7 @@ def lora_run(tmp_path_factory, small_llama_dir) -> Path:
 
 
 def test_full_fine_tune_exports_fp32_with_the_same_logits(full_run, tmp_path, capsys):
-    out = tmp_path / "exported"
+    out = tmp_path / "exports" / "new" / "exported"  # missing folders above --out are created
     assert main(["export", str(full_run), "--out", str(out), "--dtype", "fp32"]) == 0
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json", "README.md",
             "config.yaml"} <= {p.name for p in out.iterdir()}
@@ -366,6 +366,9 @@ def test_bad_inputs_are_one_line_errors(capsys, tmp_path, small_llama_dir, monke
     (tmp_path / "taken").mkdir()
     assert "already exists" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "taken"))
     assert "would replace the model" in run_cli(capsys, str(small_llama_dir), "--out", str(small_llama_dir))
+    (tmp_path / "a-file").write_text("")
+    assert "a-file is a file, not a folder" in run_cli(capsys, str(small_llama_dir), "--out",
+                                                       str(tmp_path / "a-file" / "x" / "o"))
     assert "no such file" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "o"),
                                      "--eval-summary", str(tmp_path / "summary.json"))
     assert "not a Hub repository id" in run_cli(capsys, str(small_llama_dir), "--out", str(tmp_path / "o"),

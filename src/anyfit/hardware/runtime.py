@@ -252,12 +252,12 @@ def memory_summary() -> list[str]:
 
 
 def versions() -> dict[str, str]:
-    import accelerate
-    import peft
-    import transformers
+    """Versions of Python, the platform and the stack; from the installed packages' metadata, because importing
+    peft and transformers only to ask costs seconds."""
+    from importlib.metadata import version
 
     out = {"python": sys.version.split()[0], "platform": platform.platform(), "torch": torch.__version__,
-           "transformers": transformers.__version__, "accelerate": accelerate.__version__, "peft": peft.__version__}
+           **{name: version(name) for name in ("transformers", "accelerate", "peft")}}
     if torch.cuda.is_available():
         out["cuda"] = str(torch.version.cuda)
     return out

@@ -144,6 +144,7 @@ def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None 
     req = check_request(run, out, dtype=dtype, gguf=gguf, push=push, overwrite=overwrite,
                         eval_summary=eval_summary, api=api)
     echo(f"[anyfit] export: {req.run} -> {req.out} ({req.dtype}: {req.dtype_reason})")
+    req.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.", suffix=".partial", dir=req.out.parent))
     try:
         result = _export_into(req, tmp, command, echo)
@@ -231,8 +232,9 @@ def _check_out(out: Path, run: Path, overwrite: bool) -> None:
         raise ExportError(f"--out {out} already exists; choose another folder or pass --overwrite to replace it.")
     if out.exists() and not out.is_dir():
         raise ExportError(f"--out {out} is a file, not a folder.")
-    if not out.parent.is_dir():
-        raise ExportError(f"--out {out}: its parent folder {out.parent} does not exist.")
+    existing = next(p for p in out.absolute().parents if p.exists())  # missing folders above are created
+    if not existing.is_dir():
+        raise ExportError(f"--out {out}: {existing} is a file, not a folder.")
 
 
 def _read_eval_summary(path) -> dict[str, Any]:
