@@ -40,8 +40,9 @@ def test_tensorboard_gets_the_metrics_lines_and_the_run_draws_its_curves(tiny_qw
     assert _png(tmp_path / "again.png")
 
 
-def test_tracker_choices_are_checked_before_anything_loads(tmp_path, capsys):
+def test_tracker_choices_are_checked_before_anything_loads(tmp_path, capsys, monkeypatch):
     assert requested_trackers("none") == [] and requested_trackers(["tensorboard"]) == ["tensorboard"]
+    monkeypatch.setattr("accelerate.utils.is_wandb_available", lambda: False)  # as where wandb is not installed
     with pytest.raises(ConfigError, match="wandb is not installed.*anyfit\\[wandb\\]"):
         requested_trackers(["tensorboard", "wandb"])
     assert main(["plot", str(tmp_path)]) == 2

@@ -46,6 +46,7 @@ from anyfit.training.loss import token_loss_sum
 from anyfit.training.metrics import (
     MetricsLog,
     StepMeter,
+    finish_failed_trackers,
     requested_trackers,
     start_trackers,
 )
@@ -168,8 +169,12 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
                       describe_run(policy, sharding, plan, steps, data.report, trainable, total))
-    start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
-    return run_steps(run, say)
+    try:
+        start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
+        return run_steps(run, say)  # closes the trackers at its end
+    except BaseException as error:
+        finish_failed_trackers(accelerator, error)
+        raise
 
 
 def run_steps(run: Run, say=print) -> TrainResult:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,29 @@ def requested_trackers(report_to: list[str] | str) -> list[str]:
     if missing:
         raise ConfigError(f"train.report_to: {', '.join(missing)} is not installed; pip install "
                           f"{' '.join(repr(f'anyfit[{n}]') for n in missing)} (or set train.report_to=none).")
+    if "wandb" in names:
+        check_wandb_login()
     return names
+
+
+def check_wandb_login() -> None:
+    """wandb online with no credentials asks for an API key at a terminal and waits there for an answer (without a
+    terminal it fails, but only once the model is loaded): say so now, in one line. Offline and disabled modes
+    need no login; the credentials are looked up as wandb does (WANDB_API_KEY, its settings files, .netrc, a
+    ``wandb.login()`` earlier in this process), without asking."""
+    import wandb
+
+    from anyfit.config import ConfigError
+
+    if os.environ.get("WANDB_API_KEY") or wandb.setup().settings.mode in ("offline", "dryrun", "disabled"):
+        return
+    try:
+        logged_in = wandb.login(prompt=False, verify=False)
+    except TypeError:  # a wandb without login(prompt=...): it checks (and may ask) itself
+        return
+    if not logged_in:
+        raise ConfigError("train.report_to: wandb is not logged in; run `wandb login` (or set WANDB_API_KEY), or set "
+                          "WANDB_MODE=offline to keep the run on this machine.")
 
 
 def start_trackers(accelerator, trackers: list[str], run_name: str, config: dict[str, Any]) -> None:
@@ -34,6 +57,27 @@ def start_trackers(accelerator, trackers: list[str], run_name: str, config: dict
         flat = {f"{section}.{k}": v if isinstance(v, (int, float, str, bool)) else str(v)
                 for section, values in config.items() for k, v in values.items()}
         accelerator.init_trackers(run_name, config=flat)
+
+
+def finish_failed_trackers(accelerator, error: BaseException) -> None:
+    """Close the trackers of a run that ended in ``error`` (marked failed where the tracker keeps a status, killed
+    for Ctrl-C). Left open, they would swallow the next run in this Python process (a notebook): wandb hands the
+    still-open run back to the next ``wandb.init`` (its metrics and config land in the failed run), and MLflow
+    refuses to start another run while one is active. Errors here are dropped: ``error`` is what the user needs."""
+    status = "KILLED" if isinstance(error, KeyboardInterrupt) else "FAILED"
+    for tracker in accelerator.trackers:
+        try:
+            if tracker.name == "wandb":
+                tracker.run.finish(exit_code=1)
+            elif tracker.name == "mlflow":
+                import mlflow
+
+                mlflow.end_run(status=status)
+            else:
+                tracker.finish()
+        except Exception:  # noqa: BLE001, S110 - a tracker that never started, or one that fails to close
+            pass
+    accelerator.trackers.clear()
 
 
 class MetricsLog:
