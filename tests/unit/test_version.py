@@ -1,6 +1,9 @@
 """``anyfit --version`` and ``anyfit.__version__``, and the MPS runtime refusal of torch.compile."""
 
-import tomllib
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli (tomllib's origin) comes with pytest there
+    import tomli as tomllib
 from pathlib import Path
 
 import pytest

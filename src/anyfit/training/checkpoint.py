@@ -62,8 +62,11 @@ def complete_checkpoints(output_dir: Path, full: bool = False) -> list[Path]:
 
 
 def file_hash(path: Path) -> str:
+    digest = hashlib.new(HASH)  # hashlib.file_digest needs Python 3.11
     with path.open("rb") as f:
-        return hashlib.file_digest(f, HASH).hexdigest()
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def write_manifest(directory: Path) -> None:

@@ -14,6 +14,8 @@ Two things keep the output layer cheap, which matters with 150k-token vocabulari
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from anyfit.data.batching import IGNORE_INDEX
@@ -73,5 +75,20 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens:
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
     """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    logits = model(**inputs, logits_to_keep=batch["keep"], use_cache=False).logits
+    keep = batch["keep"]
+    if keep.ndim == 2 and not _logits_to_keep_takes_a_mask():
+        # transformers < 5.21 (the last on Python 3.10 is 5.20) keeps the same positions in every row: keep the
+        # positions any row trains on, then pick each row's own from those logits.
+        columns = keep.any(dim=0).nonzero().squeeze(1)
+        logits = model(**inputs, logits_to_keep=columns, use_cache=False).logits[keep[:, columns]]
+    else:
+        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
     return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens)
+
+
+@functools.cache
+def _logits_to_keep_takes_a_mask() -> bool:
+    """Whether this transformers reads a 2D boolean ``logits_to_keep`` as a per-row mask (5.21 and later)."""
+    import transformers.modeling_utils
+
+    return hasattr(transformers.modeling_utils, "slice_logits_to_keep")
