@@ -8,7 +8,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-import torch
+from tiny_runs import save_tiny
 
 
 def _token_counter_dir(name: str) -> Path:
@@ -36,38 +36,13 @@ def qwen_tokenizer(qwen_tokenizer_dir):
     return AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
 
 
-def _save_tiny(kind: str, tokenizer_dir: Path, out: Path) -> Path:
-    from transformers import (
-        AutoTokenizer,
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    common = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
-                  # Wider than the usual 0.02 so a 32-wide model has logits LoRA can move (|logit| ~ width x std).
-                  initializer_range=0.3)
-    torch.manual_seed(0)
-    if kind == "llama":
-        model = LlamaForCausalLM(LlamaConfig(**common))
-    else:
-        model = Qwen2ForCausalLM(Qwen2Config(**common))
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
-
-
 @pytest.fixture(scope="session")
 def tiny_llama_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
     """A 2-layer, 32-wide random-init Llama with the Qwen2.5 tokenizer, saved as an HF folder."""
-    return _save_tiny("llama", qwen_tokenizer_dir, tmp_path_factory.mktemp("tiny_llama"))
+    return save_tiny(tmp_path_factory.mktemp("tiny_llama"), qwen_tokenizer_dir, "llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
     """A 2-layer, 32-wide random-init Qwen2 with the Qwen2.5 tokenizer, saved as an HF folder."""
-    return _save_tiny("qwen2", qwen_tokenizer_dir, tmp_path_factory.mktemp("tiny_qwen2"))
+    return save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), qwen_tokenizer_dir, "qwen2")

@@ -19,6 +19,36 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 STEPS = 12
 
 
+def save_tiny(out: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
+    """A 2-layer random-init model of a real architecture (llama, qwen2, qwen3) with the given tokenizer, saved
+    as an HF folder. 32 wide by default; ``overrides`` change the config (width, init, rope, ...)."""
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+        Qwen3Config,
+        Qwen3ForCausalLM,
+    )
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = dict(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=True,
+                  # Wider than the usual 0.02 so a 32-wide model has logits LoRA can move (|logit| ~ width x std).
+                  initializer_range=0.3)
+    config.update(overrides)
+    classes = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config),
+               "qwen3": (Qwen3ForCausalLM, Qwen3Config)}
+    model_class, config_class = classes[arch]
+    torch.manual_seed(0)
+    model = model_class(config_class(**config))
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
 def write_dataset(path: Path, n: int = 16) -> Path:
     """Variable-length prompt/completion pairs: a toy mapping the tiny model can memorise."""
     words = ["red", "green", "blue", "cyan", "gold", "pink", "gray", "navy"]

@@ -12,9 +12,10 @@ from pathlib import Path
 from typing import ClassVar
 
 import pytest
+import tiny_runs
 import torch
 from tiny_runs import config_for, write_dataset
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
 from anyfit.cli import main
 from anyfit.model import export as export_module
@@ -58,28 +59,9 @@ def cut_qwen_tokenizer(src: Path, out: Path, keep: int = 1000) -> int:
 
 
 def save_tiny(out: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-        Qwen3Config,
-        Qwen3ForCausalLM,
-    )
-
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                  eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=None,
-                  tie_word_embeddings=True, initializer_range=0.1, **overrides)
-    torch.manual_seed(0)
-    classes = {"llama": (LlamaForCausalLM, LlamaConfig), "qwen2": (Qwen2ForCausalLM, Qwen2Config),
-               "qwen3": (Qwen3ForCausalLM, Qwen3Config)}
-    model_class, config_class = classes[arch]
-    model = model_class(config_class(**common))
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    """The shared tiny model, 64 wide with a gentler init and no BOS (what the GGUF checks were written on)."""
+    return tiny_runs.save_tiny(out, tokenizer_dir, arch, hidden_size=64, intermediate_size=128, bos_token_id=None,
+                               initializer_range=0.1, **overrides)
 
 
 @pytest.fixture(scope="module")
