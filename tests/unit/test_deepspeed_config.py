@@ -43,8 +43,8 @@ def test_the_launch_environment_asks_for_zero_3_and_anyfit_then_does_not_shard(m
     from transformers import AutoConfig
 
     from anyfit.config import load_config
-    from anyfit.hardware.planner import recommend_sharding
-    from anyfit.hardware.presets import custom_target
+    from anyfit.planning.ladder import recommend_sharding
+    from anyfit.planning.presets import custom_target
     from anyfit.model.shape import shape_from_config
 
     args = launch_command_parser().parse_args(

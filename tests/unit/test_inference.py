@@ -14,7 +14,8 @@ from anyfit.evaluation.inference import (
     plan_batch_size,
     select_backend,
 )
-from anyfit.model.loading import load_for_inference, locate_model
+from anyfit.model.loading import load_for_inference
+from anyfit.model.source import locate_model
 from anyfit.model.shape import kv_cache_bytes, shape_from_config
 
 PROMPTS = [

@@ -11,9 +11,11 @@ from transformers import AutoConfig
 from anyfit.config import load_config
 from anyfit.data.batching import BatchPlan, choose_micro_batch, micro_batch_candidates
 from anyfit.hardware.memory import GIB
-from anyfit.hardware.planner import SAFETY, estimate_memory, plan_target
-from anyfit.hardware.presets import custom_target
 from anyfit.model.shape import shape_from_config
+from anyfit.planning.ladder import plan_target
+from anyfit.planning.memory import estimate_memory
+from anyfit.planning.presets import custom_target
+from anyfit.planning.setup import SAFETY
 from anyfit.training.autofit import probe_micro_batch
 
 

@@ -32,24 +32,13 @@ from transformers import (
 
 from anyfit.config import ConfigError, load_config
 from anyfit.data.batching import micro_batch_candidates
-from anyfit.hardware.planner import (
-    DDP_BUCKET_BYTES,
-    EIGHT_BIT_STATE_BYTES,
-    SAFETY,
-    Setup,
-    activation_bytes,
-    communication_seconds,
-    estimate_memory,
-    flops_per_token,
-    optimizer_state_bytes,
-    plan_dict,
-    plan_report,
-    plan_target,
-    recommend_sharding,
-    step_time,
-)
 from anyfit.model.shape import kv_cache_bytes, model_shape, shape_from_config
-from anyfit.hardware.presets import GIB, PRESETS, Target, custom_target, targets_from_args
+from anyfit.planning.ladder import plan_target, recommend_sharding
+from anyfit.planning.memory import activation_bytes, estimate_memory, optimizer_state_bytes
+from anyfit.planning.presets import GIB, PRESETS, Target, custom_target, targets_from_args
+from anyfit.planning.report import plan_dict, plan_report
+from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup
+from anyfit.planning.time import communication_seconds, flops_per_token, step_time
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)
@@ -555,7 +544,7 @@ def test_the_cheapest_saver_that_fits_is_chosen():
     mac = plan_target(config("data.max_length=4096"), small, PRESETS["m-36"])
     assert mac.verdict == "fits with checkpointing every 4 layers" and mac.setup.checkpoint_every == 4
     # Every choice is estimated faster than the other savers that fit (what "cheapest" means here).
-    from anyfit.hardware.planner import _Planner
+    from anyfit.planning.ladder import _Planner
 
     planner = _Planner(config("data.max_length=2048"), small, PRESETS["t4"], SAFETY, None, 2048)
     fitting = [planner.fit(o) for o in planner.options("full", 0, 1) if o.tier == (0, 0)]

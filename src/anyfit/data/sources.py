@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from anyfit.config import DataConfig
+from anyfit.hub import DATA_LIKE_SUFFIXES, DATA_SUFFIXES, check_dataset_id, data_looks_local, innermost_message
 
 # Suffixes read here; anything else that looks like a file is an error rather than a hub lookup.
-LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
-_DATA_LIKE_SUFFIXES = LOCAL_SUFFIXES + (".csv", ".tsv", ".txt", ".arrow", ".ndjson", ".gz", ".zst")
+LOCAL_SUFFIXES = DATA_SUFFIXES
 # Leading bytes of files that are often given a .jsonl/.json name by mistake.
 _MAGIC = {b"\x1f\x8b": "gzip-compressed: decompress it first (gunzip)",
           b"\x28\xb5\x2f\xfd": "zstd-compressed: decompress it first (zstd -d)",
@@ -80,7 +80,7 @@ def load_records(cfg: DataConfig) -> Records:
     elif path.is_dir():
         records = _slice(_read_folder(path, cfg.split), cfg.split, f"folder {path}")
         where = f"{path} ({cfg.split})"
-    elif not _looks_local(cfg.path):
+    elif not data_looks_local(cfg.path):
         records = _load_with_datasets(cfg)
         where = f"{cfg.path} ({cfg.split})"
     else:
@@ -94,20 +94,6 @@ def load_records(cfg: DataConfig) -> Records:
     if cfg.num_samples is not None:
         records = records[: cfg.num_samples]
     return records
-
-
-def _looks_local(spec: str) -> bool:
-    """Whether ``spec`` is meant as a local path rather than a hub name like ``openai/gsm8k``.
-
-    A hub name has at most one slash and no file suffix; anything with a data-file suffix, an
-    explicit relative/absolute prefix, more than one slash, or whose first folder exists here is local.
-    """
-    if spec.lower().endswith(_DATA_LIKE_SUFFIXES) or "\\" in spec:
-        return True
-    if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:
-        return True
-    first = spec.split("/", 1)[0]
-    return "/" in spec and Path(first).is_dir()
 
 
 def _read_local_file(path: Path) -> Records:
@@ -263,7 +249,7 @@ def _read_folder(path: Path, split: str) -> dict[str, Records]:
     splits = {}
     for name in names:
         paths = [Path(f) for f in files[name]]
-        foreign = [p.name for p in paths if p.suffix.lower() in _DATA_LIKE_SUFFIXES
+        foreign = [p.name for p in paths if p.suffix.lower() in DATA_LIKE_SUFFIXES
                    and p.suffix.lower() not in LOCAL_SUFFIXES]
         if foreign:
             raise DataError(f"Data folder {path} holds {', '.join(sorted(foreign)[:3])}, which anyfit does not read "
@@ -306,8 +292,6 @@ def _slice(splits: dict[str, Records], split: str, where: str) -> Records:
 def _load_with_datasets(cfg: DataConfig) -> Records:
     import datasets
 
-    from anyfit.hub import check_dataset_id
-
     check_dataset_id(cfg.path)  # typos and an unreachable hub: one line at once, not 30 s of retries
     try:
         ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
@@ -315,18 +299,10 @@ def _load_with_datasets(cfg: DataConfig) -> Records:
         # OSError covers missing files and the hub client's HTTP and offline errors.
         raise DataError(
             f"Could not load dataset {cfg.path!r} (subset {cfg.subset!r}, split {cfg.split!r}): "
-            f"{_innermost(e)} If this is meant as a local file, give its path with the suffix (.jsonl, .json, "
+            f"{innermost_message(e)} If this is meant as a local file, give its path with the suffix (.jsonl, .json, "
             ".parquet); for a hub dataset check the name, data.subset and data.split, and that the hub is reachable "
             "(or the dataset cached).") from e
     return Records(ds.to_list(), lambda i: f"{cfg.path} ({cfg.split}) row {i}")
-
-
-def _innermost(e: BaseException) -> str:
-    """The message of the exception at the bottom of a chain (``datasets`` wraps the cause in generic errors)."""
-    while e.__cause__ is not None:
-        e = e.__cause__
-    text = " ".join(str(e).split())
-    return (text if text.endswith(".") else text + ".") if text else type(e).__name__ + "."
 
 
 def _snippet(line: str, width: int = 80) -> str:

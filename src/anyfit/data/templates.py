@@ -38,7 +38,7 @@ conversation), tokenized whole as TRL does:
 ``data.add_eos=false`` leaves the EOS text out; a system prompt (``data.system_prompt`` or a ``system`` field)
 is put first in a conversation as with ``chat`` (TRL has no such setting).
 
-Which ``data.template`` values exist is checked once, with the config (``check_template``, called by
+Which ``data.template`` values exist is checked once, with the config (``anyfit.config.NAMED_TEMPLATES``, checked by
 ``anyfit.config.validate``), not per example.
 """
 
@@ -48,7 +48,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
-from anyfit.config import ConfigError, DataConfig
+from anyfit.config import DataConfig
 from anyfit.data.formats import Example, Message
 from anyfit.data.sources import DataError
 from anyfit.evaluation.answers import extract_boxed
@@ -65,7 +65,6 @@ R1_ZERO_PROMPT = (
     "Assistant: <think>"
 )
 R1_ZERO_COMPLETION = "{solution} </think> <answer> {answer} </answer>"
-NAMED_TEMPLATES = ("chat", "plain", "trl", "r1_zero")
 # {% generation %} ... {% endgeneration %} marks the assistant's tokens in a chat template (HF's assistant mask);
 # the whitespace-trim variants ({%- generation -%}) count too.
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
@@ -115,15 +114,8 @@ class TemplateMasked:
 Rendered = Union[Rendering, Joined, TemplateMasked]
 
 
-def check_template(cfg: DataConfig) -> None:
-    """Fail on a template that is neither a known name nor a string with ``{prompt}`` (run by config validation)."""
-    if cfg.template not in NAMED_TEMPLATES and "{prompt}" not in cfg.template:
-        raise ConfigError(f"data.template={cfg.template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has no "
-                          "'{prompt}' placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")
-
-
 def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> Rendered:
-    """The example laid out as ``cfg.template`` says (``cfg`` validated: see ``check_template``)."""
+    """The example laid out as ``cfg.template`` says (``cfg`` validated: ``anyfit.config.validate`` checks the template)."""
     if cfg.template == "trl":
         return _render_trl(example, tokenizer, cfg)
     if example.kind == "text":

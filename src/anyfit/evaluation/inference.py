@@ -33,10 +33,12 @@ from tqdm.auto import tqdm
 
 from anyfit.config import ConfigError, DataConfig
 from anyfit.data.formats import Example
+from anyfit.data.tokenization import prompt_token_ids
 from anyfit.hardware.memory import free_bytes, is_oom, release_cached
 from anyfit.hardware.runtime import inference_policy
-from anyfit.model.loading import ModelLocation, load_for_inference, locate_model
+from anyfit.model.loading import load_for_inference
 from anyfit.model.shape import kv_cache_bytes, shape_from_config
+from anyfit.model.source import ModelLocation, locate_model
 
 Prompt = str | list[int]
 FinishReason = Literal["eos", "stop", "length"]
@@ -160,8 +162,6 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParam
 
     Raw text gets the tokenizer's leading special tokens (Llama's BOS) exactly as the training templates do.
     """
-    from anyfit.data.tokenization import prompt_token_ids
-
     chat = DataConfig(template=params.template, system_prompt=params.system_prompt)
     raw = DataConfig(template="{prompt}")  # the text, verbatim
     out = []

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from anyfit.config import ConfigError, RuntimeConfig
+from anyfit.config import Config, ConfigError, RuntimeConfig
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,9 @@ def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool 
     ``inference``: the policy for generation (no gradients): the same automatic choices, but an explicit
     fp16 or bf16 off CUDA is allowed there, since the reasons training refuses them (no loss scaling,
     slow bf16 autocast on CPU) concern the backward pass.
+
+    Kept whole: the decision reads top to bottom as the README's hardware table, device first, then
+    precision, TF32 and batch workers, each with the reason it prints.
     """
     hw = hw or Hardware.detect()
     reasons: list[str] = []
@@ -195,6 +198,43 @@ def weight_dtype(model_dtype: str, lora: bool, device: str, precision: str) -> t
 
 
 PRECISION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+EIGHT_BIT_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
+
+
+def sharding_refusal(cfg: Config, device: str, precision: str, optimizer: str | None = None) -> str:
+    """Why this run cannot be sharded with FSDP2 on ``device`` in ``precision`` ('' when it can).
+
+    The one owner of these rules: the training loop refuses a sharded run with this text
+    (``anyfit.training.sharding.decide_sharding``), and the planner leaves sharding out of its saver ladder for
+    the same reasons (``optimizer`` there is the one the ladder tries instead of ``train.optimizer``)."""
+    optimizer = optimizer or cfg.train.optimizer
+    if device not in ("cuda", "cpu"):
+        return f"FSDP2 needs a process group backend (NCCL on CUDA, gloo on CPU); {device} has none"
+    if cfg.lora.qlora:
+        return "QLoRA's 4-bit weights are not sharded by anyfit"
+    if optimizer == "adafactor":
+        # torch's Adafactor takes norms of whole rows and columns in place, which sharded (DTensor) weights
+        # refuse ("in-place operations that require placement changes are not supported").
+        return ("train.optimizer=adafactor with sharding: torch's Adafactor cannot update sharded weights. "
+                "Use train.optimizer=adamw (sharding already divides its state by the process count) or "
+                "adamw_8bit on CUDA, or runtime.sharding=none.")
+    if optimizer in EIGHT_BIT_OPTIMIZERS:
+        # bitsandbytes quantizes its states block by block over whole tensors; sharded (DTensor) weights are
+        # not something it has been run on here, so it is refused rather than trusted.
+        return (f"train.optimizer={optimizer} with sharding is not supported by anyfit: use "
+                "train.optimizer=adamw (sharding already divides its state by the process count), or "
+                "runtime.sharding=none.")
+    if precision == "fp16":
+        return ("runtime.sharding with fp16: loss scaling of sharded gradients is not supported by anyfit. "
+                "Use runtime.precision=bf16 (Ampere or newer) or fp32, or runtime.sharding=none.")
+    if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
+        return ("eval.generate_* during a sharded run: generation runs on one process, which cannot hold "
+                "the sharded model. Keep the validation loss (eval.every) and run 'anyfit eval' on the "
+                "output afterwards, or set runtime.sharding=none.")
+    return ""
+
 
 
 def inference_policy(device: str = "auto", dtype: str | torch.dtype = "auto", hw: Hardware | None = None) -> RuntimePolicy:

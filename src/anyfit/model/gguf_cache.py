@@ -55,6 +55,20 @@ def is_materialized(folder: Path) -> bool:
     return (Path(folder) / _COMPLETE_MARKER).is_file()
 
 
+def materialized_from(folder: Path) -> dict:
+    """What :func:`materialize_gguf` recorded of a folder it wrote: the GGUF ``source`` path, its ``size``."""
+    return json.loads((Path(folder) / _COMPLETE_MARKER).read_text())
+
+
+def drop_gguf_quantizer(model) -> None:
+    """GGUF weights arrive dequantized; drop the quantizer record so the model saves as plain safetensors
+    (save_pretrained refuses otherwise, and the saved folder would claim to be quantized)."""
+    model.config.quantization_config = None
+    if hasattr(model.config, "__dict__"):
+        model.config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
+
+
 def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None) -> Path:
     """Return an HF folder (float32 safetensors + tokenizer) holding the GGUF model, creating it once.
 
@@ -66,15 +80,13 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None)
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from anyfit.model.loading import drop_gguf_quantizer
-
     gguf_path = Path(gguf_path).expanduser().resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
     out = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root() / gguf_path.stem
     source = {"source": str(gguf_path), "size": gguf_path.stat().st_size, "dtype": "float32"}
     if is_materialized(out):
-        made_from = json.loads((out / _COMPLETE_MARKER).read_text())
+        made_from = materialized_from(out)
         if made_from.get("size") != source["size"]:
             raise FileExistsError(
                 f"{out} was made from another file ({made_from.get('source')}, {made_from.get('size')} bytes), "

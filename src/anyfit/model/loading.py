@@ -2,60 +2,26 @@
 folder or GGUF file, LoRA/QLoRA applied), and for inference (the same sources plus a training output
 folder: a full fine-tune, or a LoRA adapter on its base).
 
-The rules the two paths share live here once: where weights come from (``ModelSource``), the pad-token
-fallback (``ensure_pad_token``), the clean-up of a dequantized GGUF model (``drop_gguf_quantizer``).
-Device and dtypes are the runtime policy's (``anyfit.hardware.runtime``).
+The rules the two paths share live here once: the pad-token fallback (``ensure_pad_token``), LoRA targets,
+activation checkpointing. Where weights come from is ``anyfit.model.source``'s; the clean-up of a dequantized
+GGUF model is ``anyfit.model.gguf_cache``'s; device and dtypes are the runtime policy's
+(``anyfit.hardware.runtime``).
 """
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig, load_config, run_config_path
+from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
-from anyfit.hub import check_model_id, looks_local
+from anyfit.hub import check_model_id
+from anyfit.model.attention import register as register_varlen_attention
+from anyfit.model.gguf_cache import drop_gguf_quantizer
 from anyfit.model.shape import resolve_lora_targets
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where weights come from: a hub id or folder, plus a GGUF file name inside it when loading GGUF."""
-
-    path: str
-    gguf_file: str | None = None
-
-    @staticmethod
-    def from_config(cfg: ModelConfig) -> "ModelSource":
-        if not cfg.name_or_path:
-            raise ConfigError("'model.name_or_path' is empty: set it to a hub id (Qwen/Qwen2.5-0.5B), "
-                              "a local HF folder or a .gguf file.")
-        p = Path(cfg.name_or_path).expanduser()
-        if cfg.name_or_path.endswith(".gguf"):
-            if not p.is_file():
-                raise ConfigError(f"model.name_or_path: GGUF file {p} does not exist.")
-            return ModelSource(str(p.parent), p.name)
-        if cfg.gguf_file:
-            if not p.exists():  # a hub repository of GGUF files: checked fast, one line if it is not there
-                check_model_id(cfg.name_or_path, cfg.revision, cfg.gguf_file)
-            return ModelSource(str(p) if p.exists() else cfg.name_or_path, cfg.gguf_file)
-        local = looks_local(cfg.name_or_path)
-        if not local:  # a hub id: found (cached or online) in about a second, or a one-line error
-            check_model_id(cfg.name_or_path, cfg.revision)
-            return ModelSource(cfg.name_or_path)
-        if not p.is_dir():
-            raise ConfigError(f"model.name_or_path: {p} does not exist. Give an existing folder with config.json, "
-                              "a .gguf file, or a hub id such as Qwen/Qwen2.5-0.5B.")
-        if not (p / "config.json").is_file():
-            ggufs = sorted(f.name for f in p.glob("*.gguf"))
-            hint = (f" It holds {', '.join(ggufs[:3])}: set model.gguf_file (or point at the file)." if ggufs else
-                    " Point it at a Hugging Face model folder (config.json + weights), a .gguf file or a hub id.")
-            raise ConfigError(f"model.name_or_path: {p} has no config.json, so it is not a model folder.{hint}")
-        return ModelSource(str(p))
+from anyfit.model.source import ModelSource, locate_model
 
 
 def load_tokenizer(cfg: ModelConfig):
@@ -81,15 +47,6 @@ def ensure_pad_token(tokenizer, name: str):
     return tokenizer
 
 
-def drop_gguf_quantizer(model: nn.Module) -> None:
-    """GGUF weights arrive dequantized; drop the quantizer record so the model saves as plain safetensors
-    (save_pretrained refuses otherwise, and the saved folder would claim to be quantized)."""
-    model.config.quantization_config = None
-    if hasattr(model.config, "__dict__"):
-        model.config.__dict__.pop("quantization_config", None)
-    model.hf_quantizer = None
-
-
 def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.Module:
     """The causal LM in the policy's dtype, gradient checkpointing as configured, LoRA applied if enabled."""
     from transformers import AutoModelForCausalLM
@@ -103,9 +60,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
     if attn == "auto" and cfg.train.packing:
         attn = "anyfit_varlen"  # packed rows: per-example attention, no dense block mask (anyfit.model.attention)
     if attn == "anyfit_varlen":
-        from anyfit.model.attention import register
-
-        register()
+        register_varlen_attention()
     if attn != "auto":
         kwargs["attn_implementation"] = attn
     if cfg.lora.qlora:
@@ -189,60 +144,6 @@ def count_parameters(model: nn.Module) -> tuple[int, int]:
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     total = sum(p.numel() for p in model.parameters())
     return trainable, total
-
-
-# Inference: a model, or the output of a training run
-
-
-@dataclass(frozen=True)
-class ModelLocation:
-    """Where the pieces of a model for inference live. ``adapter`` is set for a LoRA output folder."""
-
-    base: str  # hub id or folder of the (base) weights
-    tokenizer: str  # where the tokenizer is read from
-    adapter: str | None = None
-    gguf_file: str | None = None
-
-
-def locate_model(name_or_path: str | Path, tokenizer: str | None = None, revision: str | None = None) -> ModelLocation:
-    """Tell a LoRA output folder from a full model (folder, GGUF file or hub id) and find its tokenizer."""
-    spec = str(name_or_path)
-    path = Path(spec).expanduser()
-    if path.is_dir() and (path / "adapter_config.json").is_file():
-        adapter_cfg = json.loads((path / "adapter_config.json").read_text())
-        base = adapter_cfg.get("base_model_name_or_path")
-        if not base:
-            raise ConfigError(f"{path}/adapter_config.json has no base_model_name_or_path: cannot tell which base "
-                              "model the adapter belongs to.")
-        base = _base_from_training_config(path, base)
-        has_tokenizer = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json"))
-        src = ModelSource.from_config(ModelConfig(name_or_path=base, revision=revision))
-        tok = tokenizer or (str(path) if has_tokenizer else src.path)
-        return ModelLocation(base=src.path, tokenizer=tok, adapter=str(path), gguf_file=src.gguf_file)
-    if path.is_dir() and not (path / "config.json").is_file():
-        checkpoints = sorted((p for p in path.glob("checkpoint-*") if p.is_dir()),
-                             key=lambda p: int(p.name.split("-")[-1]) if p.name.split("-")[-1].isdigit() else -1)
-        hint = (f" It holds checkpoints; the newest is {checkpoints[-1]} (pass that folder)." if checkpoints else
-                " Is the training run finished? The final model is written when it ends.")
-        raise ConfigError(f"{path} holds neither a model (config.json) nor a LoRA adapter (adapter_config.json).{hint}")
-    src = ModelSource.from_config(ModelConfig(name_or_path=spec, revision=revision))
-    return ModelLocation(base=src.path, tokenizer=tokenizer or src.path, gguf_file=src.gguf_file)
-
-
-def _base_from_training_config(adapter_dir: Path, base: str) -> str:
-    """PEFT records the folder a GGUF base was read from, which holds no config.json; the training run's
-    config.yaml in the same output folder names the actual file."""
-    local = Path(base).expanduser()
-    run_config = run_config_path(adapter_dir)
-    if local.is_dir() and not (local / "config.json").is_file() and run_config is not None:
-        model = load_config(run_config).model
-        if model.name_or_path:
-            if model.gguf_file and not model.name_or_path.endswith(".gguf"):
-                return str(Path(model.name_or_path) / model.gguf_file)
-            return model.name_or_path
-    return base
-
-
 
 
 def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str | torch.dtype = "auto", *,

@@ -15,6 +15,7 @@ import difflib
 from dataclasses import dataclass
 
 from anyfit.config import ConfigError, ModelConfig
+from anyfit.model.source import ModelSource
 
 # Leaf names of the projections LoRA usually targets, by architecture family. Used to order and
 # explain the automatic choice; the choice itself comes from the model's own modules.
@@ -133,8 +134,6 @@ _LLAMA_LIKE = {
 def load_model_config(cfg: ModelConfig):
     """The transformers config of ``model.name_or_path`` (folder, hub id, or GGUF file); no weights are read."""
     from transformers import AutoConfig
-
-    from anyfit.model.loading import ModelSource
 
     src = ModelSource.from_config(cfg)
     try:

@@ -32,15 +32,11 @@ from anyfit.data.batching import (
 from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import count_parameters, load_model, load_tokenizer
+from anyfit.runfolder import METRICS
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
-from anyfit.training.checkpoint import (
-    complete_checkpoints,
-    load_checkpoint,
-    resolve_resume,
-    save_checkpoint,
-    save_model,
-)
+from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
+from anyfit.training.integrity import complete_checkpoints, resolve_resume
 from anyfit.training.interruption import StopOnSignal
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.metrics import (
@@ -178,10 +174,14 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
 
 
 def run_steps(run: Run, say=print) -> TrainResult:
-    """The loop: from ``run.start`` to ``run.steps``, or to a stop signal; then the checkpoint or final model."""
+    """The loop: from ``run.start`` to ``run.steps``, or to a stop signal; then the checkpoint or final model.
+
+    Kept whole: the training loop is meant to be read top to bottom (window, backward, guarded
+    step, metrics, evaluation, checkpoint, stop); each of those is a small tested function it calls.
+    """
     cfg, acc, model, optimizer = run.cfg, run.accelerator, run.model, run.optimizer
     result = TrainResult(run.out, run.steps)
-    log = MetricsLog(run.out / "metrics.jsonl", enabled=acc.is_main_process, accelerator=acc)
+    log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
     on_device = skips_on_device(optimizer, run.policy.precision)  # no host sync to learn if a step was finite
     meter = StepMeter(acc.device)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from anyfit.config import ConfigError
 from anyfit.hardware.memory import GIB, peak_bytes
 
 
@@ -18,7 +19,7 @@ def requested_trackers(report_to: list[str] | str) -> list[str]:
     """The trackers ``train.report_to`` names, each checked to be installed (before any heavy work)."""
     from accelerate import utils
 
-    from anyfit.config import ConfigError
+
 
     names = [report_to] if isinstance(report_to, str) else list(report_to)
     names = [n for n in names if n != "none"]
@@ -38,7 +39,7 @@ def check_wandb_login() -> None:
     ``wandb.login()`` earlier in this process), without asking."""
     import wandb
 
-    from anyfit.config import ConfigError
+
 
     if os.environ.get("WANDB_API_KEY") or wandb.setup().settings.mode in ("offline", "dryrun", "disabled"):
         return

@@ -15,7 +15,6 @@ import torch
 
 from anyfit.config import ConfigError, TrainConfig
 
-
 CUDA_ONLY = ("adamw_8bit", "paged_adamw_8bit")
 
 

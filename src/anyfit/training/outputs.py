@@ -1,57 +1,61 @@
-"""The run folder: refused when it holds another run, cleared when overwriting, and the files that
-describe the run (``config.yaml``, ``run_info.json``) written before the first step.
+"""The run folder at the start of a run: refused when it holds another run, cleared when overwriting, and
+the files that describe the run (``config.yaml``, ``run_info.json``) written before the first step.
 
-Checkpoints inside it are ``anyfit.training.checkpoint``'s; the metrics file is appended to by the loop.
+The folder's layout is ``anyfit.runfolder``'s; checkpoints inside it are ``anyfit.training.checkpoint``'s;
+the metrics file is appended to by the loop.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from anyfit.config import Config, ConfigError
-from anyfit.training.checkpoint import PREFIX, TMP_PREFIX
+from anyfit.hardware.runtime import versions
+from anyfit.runfolder import (
+    CHECKPOINT_PREFIX,
+    METRICS,
+    RUN_CONFIG,
+    TMP_CHECKPOINT_PREFIX,
+    read_metrics,
+    read_run_info,
+    write_metrics,
+    write_run_info,
+)
+from anyfit.training.sharding import local_numel
 
 
 def check_output_dir(cfg: Config, resuming: bool) -> Path:
     """Refuse to mix two runs in one folder unless asked to overwrite or resume (checked before heavy work)."""
     out = Path(cfg.train.output_dir)
     if out.exists() and not resuming:
-        previous = [p for p in ("config.yaml", "metrics.jsonl") if (out / p).exists()]
-        previous += [p.name for p in out.glob(f"{PREFIX}*")]
+        previous = [p for p in (RUN_CONFIG, METRICS) if (out / p).exists()]
+        previous += [p.name for p in out.glob(f"{CHECKPOINT_PREFIX}*")]
         if previous and not cfg.train.overwrite:
             raise ConfigError(f"train.output_dir {out} already holds a run ({', '.join(sorted(previous)[:4])}). "
                               "Choose another train.output_dir, or pass train.overwrite=true to replace it.")
     return out
 
 
-def trim_metrics(path: Path, last_step: int) -> None:
-    """Keep only metric lines up to ``last_step`` (a resumed run logs the later steps again)."""
-    if path.is_file():
-        keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= last_step]
-        path.write_text("".join(line + "\n" for line in keep))
-
-
 def start_run_dir(out: Path, resumed_at: int | None, config_yaml: str, run_info: dict[str, Any]) -> None:
     """Main process only. A fresh run clears what a previous run left (reached only when overwriting is
     allowed); a resumed one drops the metric lines of the steps about to be redone."""
     if resumed_at is None:
-        for p in [*out.glob(f"{PREFIX}*"), *out.glob(f"{TMP_PREFIX}*")]:
+        for p in [*out.glob(f"{CHECKPOINT_PREFIX}*"), *out.glob(f"{TMP_CHECKPOINT_PREFIX}*")]:
             shutil.rmtree(p)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
+        (out / METRICS).unlink(missing_ok=True)
         out.mkdir(parents=True, exist_ok=True)
-    else:
-        trim_metrics(out / "metrics.jsonl", resumed_at)
-    (out / "config.yaml").write_text(config_yaml)
-    (out / "run_info.json").write_text(json.dumps(run_info, indent=2, default=str))
+    else:  # the steps after the checkpoint are logged again
+        write_metrics(out, read_metrics(out, up_to_step=resumed_at))
+    (out / RUN_CONFIG).write_text(config_yaml)
+    write_run_info(out, run_info)
 
 
 def describe_run(policy, sharding: str, plan, steps: int, report, trainable: int, total: int) -> dict[str, Any]:
     """``run_info.json``: the resolved policy with its reasons, the batch split, the data report, versions."""
-    from anyfit.hardware.runtime import versions
-
     return {"policy": {"device": policy.device, "precision": policy.precision, "tf32": policy.tf32,
                        "num_workers": policy.num_workers, "reasons": [*policy.reasons, sharding]},
             "batch": plan.__dict__, "steps": steps, "data": report.__dict__, "versions": versions(),
@@ -61,16 +65,10 @@ def describe_run(policy, sharding: str, plan, steps: int, report, trainable: int
 def record_held_per_process(out: Path, accelerator, model, optimizer) -> dict[str, list[int]]:
     """Add to ``run_info.json`` how many parameter and optimizer-state elements each process holds (collective:
     every process calls it). Sharded, each holds about 1/N; replicated, each holds everything."""
-    import torch
-
-    from anyfit.training.sharding import local_numel
-
     states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim > 0]
     mine = torch.tensor([local_numel(model.parameters()), local_numel(states)], device=accelerator.device)
     every = accelerator.gather(mine.unsqueeze(0)).tolist()
     held = {"parameters": [row[0] for row in every], "optimizer_states": [row[1] for row in every]}
     if accelerator.is_main_process:
-        info = json.loads((out / "run_info.json").read_text())
-        info["held_per_process"] = held
-        (out / "run_info.json").write_text(json.dumps(info, indent=2, default=str))
+        write_run_info(out, {**read_run_info(out), "held_per_process": held})
     return held

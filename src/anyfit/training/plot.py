@@ -3,26 +3,10 @@ read from its ``metrics.jsonl`` (``anyfit plot RUN``; ``loss.png`` is written at
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from anyfit.config import ConfigError
-
-PLOT_FILE = "loss.png"
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
-        raise ConfigError(f"{run_dir} has no metrics.jsonl: give the output folder of an anyfit training run.")
-    records = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path}:{lineno}: not a JSON line ({e.msg}); was the file cut off?") from None
-    return records
+from anyfit.runfolder import METRICS, PLOT, read_metrics
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -33,11 +17,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     run_dir = Path(run_dir)
+    if not (run_dir / METRICS).is_file():
+        raise ConfigError(f"{run_dir} has no {METRICS}: give the output folder of an anyfit training run.")
     records = read_metrics(run_dir)
     series = {key: [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
               for key in ("loss", "val_loss", "gen_accuracy")}
     if not any(series.values()):
-        raise ConfigError(f"{run_dir / 'metrics.jsonl'} holds no loss or evaluation lines yet.")
+        raise ConfigError(f"{run_dir / METRICS} holds no loss or evaluation lines yet.")
     fig, loss_ax = plt.subplots(figsize=(8, 4.5))
     for key, label, style in (("loss", "training loss", "-"), ("val_loss", "validation loss", "o-")):
         if series[key]:
@@ -57,7 +43,7 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     loss_ax.legend(handles, labels, loc="upper right")
     loss_ax.set_title(run_dir.resolve().name)
     loss_ax.grid(alpha=0.3)
-    target = Path(out) if out is not None else run_dir / PLOT_FILE
+    target = Path(out) if out is not None else run_dir / PLOT
     fig.tight_layout()
     fig.savefig(target, dpi=110)
     plt.close(fig)

@@ -23,6 +23,10 @@ import torch
 from torch import nn
 
 from anyfit.config import Config, ConfigError
+from anyfit.hardware.runtime import sharding_refusal
+from anyfit.model.shape import model_shape
+from anyfit.planning.ladder import recommend_sharding
+from anyfit.planning.presets import this_machine
 
 SHARDED_DIR = "sharded"  # inside a checkpoint folder: the torch.distributed.checkpoint files
 
@@ -55,10 +59,6 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
     if mode == "auto" and not cfg.runtime.fsdp_offload:
         if processes == 1:
             return False, False, "sharding none: one process, nothing to shard over (auto)"
-        from anyfit.hardware.planner import recommend_sharding
-        from anyfit.hardware.presets import this_machine
-        from anyfit.model.shape import model_shape
-
         use, why = recommend_sharding(cfg, model_shape(cfg.model), this_machine(), processes)
         if not use:
             return False, False, f"sharding none (auto): {why}"
@@ -66,25 +66,9 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
     else:
         reason = "sharding fsdp" + (" with CPU offload" if cfg.runtime.fsdp_offload else "") + \
             (": asked for in the config" if mode == "fsdp" else " (auto): runtime.fsdp_offload=true")
-    if cfg.train.optimizer == "adafactor":
-        # torch's Adafactor takes norms of whole rows and columns in place, which sharded (DTensor) weights
-        # refuse ("in-place operations that require placement changes are not supported").
-        raise ConfigError("train.optimizer=adafactor with sharding: torch's Adafactor cannot update sharded weights. "
-                          "Use train.optimizer=adamw (sharding already divides its state by the process count) or "
-                          "adamw_8bit on CUDA, or runtime.sharding=none.")
-    if cfg.train.optimizer in ("adamw_8bit", "paged_adamw_8bit"):
-        # bitsandbytes quantizes its states block by block over whole tensors; sharded (DTensor) weights are
-        # not something it has been run on here, so it is refused rather than trusted.
-        raise ConfigError(f"train.optimizer={cfg.train.optimizer} with sharding is not supported by anyfit: use "
-                          "train.optimizer=adamw (sharding already divides its state by the process count), or "
-                          "runtime.sharding=none.")
-    if precision == "fp16":
-        raise ConfigError("runtime.sharding with fp16: loss scaling of sharded gradients is not supported by anyfit. "
-                          "Use runtime.precision=bf16 (Ampere or newer) or fp32, or runtime.sharding=none.")
-    if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
-        raise ConfigError("eval.generate_* during a sharded run: generation runs on one process, which cannot hold "
-                          "the sharded model. Keep the validation loss (eval.every) and run 'anyfit eval' on the "
-                          "output afterwards, or set runtime.sharding=none.")
+    refusal = sharding_refusal(cfg, device, precision)
+    if refusal:
+        raise ConfigError(refusal)
     offload = cfg.runtime.fsdp_offload and device != "cpu"
     if cfg.runtime.fsdp_offload and not offload:
         reason += " (offload has nothing to move on cpu: the weights are in host RAM already)"

@@ -15,6 +15,7 @@ from tqdm.auto import tqdm
 from anyfit.config import Config
 from anyfit.data.batching import to_device
 from anyfit.data.prepare import TrainingData
+from anyfit.evaluation.evaluate import generation_eval
 from anyfit.training.sharding import is_sharded
 
 GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_tokens", "tokens_per_second", "n")
@@ -69,8 +70,6 @@ class InTrainingEval:
                                                        self.collate_fn, self.loss_fn), 6)
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
-                from anyfit.evaluation.evaluate import generation_eval
-
                 summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer, self.data.gen_examples,
                                           self.cfg.data, self.cfg.eval.max_new_tokens, self.cfg.eval.batch_size)
                 record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})

@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from anyfit.config import ConfigError
+from anyfit.hardware.memory import free_bytes, total_bytes
 from anyfit.hardware.runtime import Hardware
 
 GIB = 2**30
@@ -228,8 +229,6 @@ def this_machine(measure_cpu: bool = False) -> Target:
 
     CPU: the memory now *available* (other processes count), throughput measured when ``measure_cpu``.
     """
-    from anyfit.hardware.memory import free_bytes, total_bytes
-
     hw = Hardware.detect()
     if hw.cuda:
         import psutil  # a dependency of accelerate

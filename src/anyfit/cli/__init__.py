@@ -1,0 +1,56 @@
+"""The ``anyfit`` command line: train, env, render, plan, generate, eval, download, export, plot, configs,
+quickstart. Each sub-command's parser lives beside its handler (``register`` in each module); this module
+assembles them and turns a ``ConfigError``/``DataError`` into one ``anyfit: error:`` line (exit 2).
+
+Multi-process runs use the same command under a launcher:
+``torchrun --nproc_per_node 2 -m anyfit train CONFIG.yaml`` (or ``accelerate launch -m anyfit ...``).
+
+Modules here import the heavy layers (torch, transformers) inside the handlers, so ``anyfit --help`` and a
+config error answer at once; those imports say so in a comment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from anyfit.cli import generation, machine, outputs, render, setup, train
+from anyfit.cli.common import version
+from anyfit.config import ConfigError, help_text
+from anyfit.data.sources import DataError
+
+# In the order `anyfit --help` lists them.
+COMMANDS = (train, machine, render, setup, generation, outputs)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="anyfit", description="Supervised fine-tuning that adapts to the hardware.")
+    parser.add_argument("--version", action="version", version=f"anyfit {version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in COMMANDS:
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    # key=value overrides may come anywhere (`anyfit eval CFG --model M key=value`): argparse ends a positional
+    # list at the first option, and its parse_intermixed_args does not support subcommands.
+    args, extra = parser.parse_known_args(argv)
+    stray = [a for a in extra if a.startswith("-") or "=" not in a]
+    if stray or (extra and not hasattr(args, "overrides")):
+        parser.error(f"unrecognized arguments: {' '.join(stray or extra)}")
+    if extra:
+        args.overrides = [*args.overrides, *extra]
+    if getattr(args, "help_config", False):
+        print(help_text())
+        return 0
+    try:
+        return args.func(args)
+    except (ConfigError, DataError) as e:
+        print(f"anyfit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,40 @@
+"""What every sub-command shares: the config positional arguments and their loading, the version."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as dist_version
+
+from anyfit import __version__
+from anyfit.config import Config, load_config
+
+
+def config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", help="YAML config file, or the name of a shipped one (anyfit configs).")
+    p.add_argument("overrides", nargs="*", help="Dotted key=value overrides, e.g. train.learning_rate=1e-4.")
+    p.add_argument("--help-config", action="store_true", help="List every config key with its type, default and help.")
+
+
+def config_and_overrides(args) -> tuple[str | None, list[str]]:
+    config = args.config
+    overrides = list(args.overrides)
+    if config and "=" in config and not config.endswith((".yaml", ".yml")):
+        overrides.insert(0, config)  # only overrides were given
+        config = None
+    return config, overrides
+
+
+def load(args, base=None) -> Config:
+    """The config of the command line; ``base``: a training run's config.yaml under it (eval/generate of a run)."""
+    config, overrides = config_and_overrides(args)
+    return load_config(config, overrides, base=base, echo=print if base else None)
+
+
+def version() -> str:
+    """The installed distribution's version; ``anyfit.__version__`` when running from a source tree that is not
+    installed (both come from pyproject.toml's version)."""
+    try:
+        return dist_version("anyfit")
+    except PackageNotFoundError:
+        return __version__

@@ -1,0 +1,139 @@
+"""``anyfit generate`` (completions from a model, a training output or an adapter) and ``anyfit eval`` (answer
+accuracy by generation, graded)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from anyfit.cli.common import config_and_overrides, config_args, load
+from anyfit.config import ConfigError, load_config, set_by_user
+from anyfit.runfolder import run_config_path
+
+
+def batch_size_arg(text: str):
+    """``auto`` or a positive integer (for --batch-size)."""
+    if text == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {text!r}")
+    return value
+
+
+def read_prompts(path: str) -> list[str]:
+    """Prompts from a file: one per line, or JSON lines with a 'prompt' field."""
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"--file {path}: no such file.")
+    prompts = []
+    for lineno, line in enumerate(file.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        if line.lstrip().startswith("{"):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path}:{lineno}: looks like JSON but is not valid ({e.msg}).") from None
+            if not isinstance(record.get("prompt"), str):
+                raise ConfigError(f"{path}:{lineno}: a JSON line needs a string 'prompt' field; found "
+                                  f"{', '.join(map(repr, record)) or 'no fields'}.")
+            prompts.append(record["prompt"])
+        else:
+            prompts.append(line)
+    return prompts
+
+
+def generation_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="Longest completion, in tokens.")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy; above 0 samples.")
+    p.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass (with --temperature > 0).")
+    p.add_argument("--seed", type=int, default=0, help="Seed for sampling (the same seed gives the same samples).")
+    p.add_argument("--stop", action="append", default=[], help="Stop string (repeatable): the text is cut there.")
+    p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
+                   help="auto: vLLM on CUDA when it is installed, else transformers.")
+    p.add_argument("--batch-size", type=batch_size_arg, default="auto",
+                   help="Prompts per generation batch (transformers backend): a number, or auto (from free memory).")
+    p.add_argument("--merge-lora", action="store_true",
+                   help="Merge a LoRA adapter into the base weights before generating.")
+
+
+def cmd_generate(args) -> int:
+    from anyfit.evaluation.inference import GenerationParams, make_backend  # start-up time: torch, transformers
+
+    prompts = list(args.prompt) + (read_prompts(args.file) if args.file else [])
+    if not prompts:
+        raise ConfigError("No prompts: give --prompt TEXT (repeatable) or --file FILE (one per line, or JSONL "
+                          "with a 'prompt' field).")
+    template, system_prompt = "chat", args.system_prompt
+    run_config = run_config_path(args.model) if Path(args.model).is_dir() else None
+    if run_config is not None and not args.raw:  # prompts laid out as the run laid out its training prompts
+        trained = load_config(None, [], base=run_config, echo=lambda line: print(line, file=sys.stderr)).data
+        template, system_prompt = trained.template, system_prompt or trained.system_prompt
+        print(f"[anyfit] generate: data.template={template!r} as in the training run", file=sys.stderr)
+    try:
+        params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                                  seed=args.seed, stop=tuple(args.stop), chat=not args.raw, template=template,
+                                  system_prompt=system_prompt)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    backend = make_backend(args.model, args.backend, args.device, args.batch_size, merge_lora=args.merge_lora,
+                           seed=args.seed)
+    for i, (prompt, c) in enumerate(zip(prompts, backend.generate(prompts, params))):
+        if args.jsonl:
+            print(json.dumps({"prompt": prompt, "completion": c.text, "num_tokens": c.num_tokens,
+                              "finish_reason": c.finish_reason}, ensure_ascii=False))
+        else:
+            print(f"### prompt {i + 1}: {prompt}\n{c.text}\n[{c.num_tokens} tokens, {c.finish_reason}]\n")
+    return 0
+
+
+def cmd_eval(args) -> int:
+    # A training output folder is evaluated with its run's settings (prompt layout, tokenizer, ...) as the
+    # base, so the model sees the prompts it was trained on; the file and the overrides come on top.
+    base = run_config_path(args.model) if args.model and Path(args.model).is_dir() else None
+    cfg = load(args, base=base)
+    model = args.model or cfg.model.name_or_path
+    if not model:
+        raise ConfigError("No model to evaluate: give --model MODEL_OR_OUTPUT_DIR (or model.name_or_path=...).")
+    if base is not None and not set_by_user(*config_and_overrides(args), "data.path"):
+        if not (cfg.eval.path or cfg.eval.split):
+            raise ConfigError(f"{model} was trained on {cfg.data.path}; say what to evaluate it on with "
+                              "data.path=... (and data.split=...), e.g. a held-out file.")
+        cfg.data.path, cfg.data.split = cfg.eval.path or cfg.data.path, cfg.eval.split or cfg.data.split
+        cfg.data.num_samples = None
+        print(f"[anyfit] eval: on the run's held-out data: data.path={cfg.data.path} data.split={cfg.data.split}")
+    from anyfit.evaluation.evaluate import evaluate  # start-up time: torch, transformers, math-verify
+
+    name = Path(model).name if Path(model).exists() else model.replace("/", "__")  # hub ids: one folder level
+    out = args.out or str(Path("runs") / "eval" / name)
+    evaluate(model, cfg.data, out_dir=out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+             backend=args.backend, device=cfg.runtime.device, temperature=args.temperature, top_p=args.top_p,
+             seed=args.seed, stop=args.stop, merge_lora=args.merge_lora, tokenizer=cfg.model.tokenizer,
+             trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("generate", help="Generate completions: anyfit generate --model M --prompt TEXT [--prompt ...]")
+    p.add_argument("--model", required=True, help="Hub id, model folder, or a training output folder (full or LoRA).")
+    p.add_argument("--prompt", action="append", default=[], help="A prompt (repeatable).")
+    p.add_argument("--file", help="Prompts, one per line, or JSON lines with a 'prompt' field.")
+    p.add_argument("--raw", action="store_true", help="Give the prompts as raw text, without the chat template.")
+    p.add_argument("--system-prompt", help="System message for the chat template.")
+    p.add_argument("--device", choices=("auto", "cuda", "mps", "cpu"), default="auto", help="auto: cuda > mps > cpu.")
+    p.add_argument("--jsonl", action="store_true", help="Print one JSON object per completion.")
+    generation_args(p, max_new_tokens=256)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("eval", help="Answer accuracy by generation: anyfit eval [CONFIG] [key=value ...] --model M")
+    config_args(p)
+    p.add_argument("--model", help="Hub id, model folder, or a training output folder (default: model.name_or_path).")
+    p.add_argument("--out", help="Folder for predictions.jsonl and summary.json (default: runs/eval/<model name>).")
+    generation_args(p, max_new_tokens=1024)
+    p.set_defaults(func=cmd_eval)

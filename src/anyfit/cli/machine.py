@@ -1,0 +1,64 @@
+"""``anyfit env`` (this machine and the runtime policy it gets) and ``anyfit plan`` (memory, time and cost of a
+config on this machine and common GPUs/Macs, before any download)."""
+
+from __future__ import annotations
+
+import json
+
+from anyfit.cli.common import config_args, load
+from anyfit.config import ConfigError, RuntimeConfig
+
+
+def cmd_env(args) -> int:
+    from anyfit.hardware.runtime import memory_summary, resolve_runtime, versions  # start-up time: torch
+
+    for k, v in versions().items():
+        print(f"{k}: {v}")
+    for line in memory_summary():
+        print(line)
+    cfg = load(args).runtime if (args.config or args.overrides) else RuntimeConfig()
+    print("runtime policy: " + resolve_runtime(cfg).describe())
+    return 0
+
+
+def cmd_plan(args) -> int:
+    cfg = load(args)
+    # start-up time: the planner reads model configs through transformers
+    from anyfit.planning.presets import targets_from_args
+    from anyfit.planning.report import plan_dict, plan_report
+
+    if args.examples is not None and args.examples < 1:
+        raise ConfigError(f"--examples must be at least 1, got {args.examples}.")
+    targets = targets_from_args(args.device, args.memory_gb, args.gpus, price_per_hour=args.price_per_hour)
+    if args.json:
+        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples), indent=2,
+                         default=str))
+    else:
+        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("env", help="Print versions, memory and the runtime policy this machine gets.")
+    config_args(p)
+    p.set_defaults(func=cmd_env)
+
+    p = sub.add_parser("plan", help="Estimate memory and time of a config on this machine and common GPUs/Macs, "
+                                     "from the model config alone (no weights downloaded).")
+    config_args(p)
+    p.add_argument("--device", default=None,
+                   help="A preset (t4, rtx4090, l40s, 8xl40s, a100-40, a100-80, h100, 8xh100, m-16, m-36, m-128, "
+                        "m-ultra-192), 'local', or cuda/mps/cpu with --memory-gb. Default: all of them.")
+    p.add_argument("--memory-gb", type=float, default=None, help="Memory per device in GB.")
+    p.add_argument("--gpus", type=int, default=None,
+                   help="Number of GPUs (data parallel / FSDP); a preset's price and host RAM scale with it.")
+    p.add_argument("--mean-tokens", type=float, default=None,
+                   help="Mean tokens per sequence for the time estimate (default: data.max_length).")
+    p.add_argument("--price-per-hour", type=float, default=None,
+                   help="USD per hour for the whole machine picked by --device (alone: for this machine), "
+                        "instead of the preset's approximate price; gives the cost columns.")
+    p.add_argument("--examples", type=int, default=None,
+                   help="Training examples per epoch, for time and cost per epoch (default: data.num_samples; "
+                        "without either, only per 100 steps).")
+    p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
+    p.set_defaults(func=cmd_plan)

@@ -1,0 +1,42 @@
+"""``anyfit render``: one record as the model sees it, trained tokens highlighted, and what the length policy
+does to the whole data set."""
+
+from __future__ import annotations
+
+import sys
+
+from anyfit.cli.common import config_args, load
+from anyfit.config import ConfigError
+
+
+def cmd_render(args) -> int:
+    cfg = load(args)
+    # start-up time: tokenizers and data readers load only when the command runs
+    from anyfit.data.formats import to_examples
+    from anyfit.data.sources import load_records
+    from anyfit.data.tokenization import show_example, tokenize_dataset, tokenize_example
+    from anyfit.model.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model)
+    records = load_records(cfg.data)
+    if not 0 <= args.index < len(records):
+        raise ConfigError(f"--index {args.index} is out of range: the data has {len(records)} records.")
+    # Show record N itself (even one the length policy would cut or drop), then what the policy does overall.
+    ids, labels = tokenize_example(to_examples(records[args.index:args.index + 1], cfg.data)[0], tokenizer, cfg.data)
+    color = sys.stdout.isatty() and not args.no_color
+    print(f"record {args.index} of {cfg.data.path}:\n")
+    print(show_example(ids, labels, tokenizer, color=color))
+    if len(ids) > cfg.data.max_length:
+        print(f"\n(this record has {len(ids)} tokens, over data.max_length={cfg.data.max_length}: "
+              f"it is {'cut' if cfg.data.overlong == 'truncate' else 'dropped'} in training)")
+    _, report = tokenize_dataset(records, tokenizer, cfg.data)
+    print(f"\nwhole dataset: {report.summary()}")
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("render", help="Show one training example with the tokens that carry loss highlighted.")
+    config_args(p)
+    p.add_argument("--index", type=int, default=0, help="Which example (after filtering).")
+    p.add_argument("--no-color", action="store_true", help="Mark trained tokens with brackets instead of colour.")
+    p.set_defaults(func=cmd_render)

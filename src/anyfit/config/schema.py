@@ -1,0 +1,273 @@
+"""The typed run configuration: one dataclass per section, whose field help the CLI shows, and the checks
+across fields (``validate``), run before any model or data is touched.
+
+The accepted names of open-ended string keys (``data.template``, ``train.report_to``, ``data.fields``) are
+schema too and live here, so every layer above asks this module instead of keeping its own list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import yaml
+
+from anyfit.config.keys import suggest
+
+
+class ConfigError(ValueError):
+    """A problem with the user's configuration; the message says what to change."""
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field with a help text (shown by ``anyfit train --help-config``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class ModelConfig:
+    """Which model to fine-tune and how to load it."""
+
+    name_or_path: str = _f("", "Hub id (Qwen/Qwen2.5-Math-1.5B), a local HF folder, or a .gguf file.")
+    gguf_file: str | None = _f(None, "GGUF file name inside name_or_path (set automatically when name_or_path is a .gguf file).")
+    revision: str | None = _f(None, "Hub revision (branch, tag or commit) to load.")
+    tokenizer: str | None = _f(None, "Tokenizer to use if it differs from the model's (hub id or folder).")
+    trust_remote_code: bool = _f(False, "Run model code shipped with the checkpoint. Off unless you trust the source.")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = _f(
+        "auto", "Dtype of the loaded weights. auto: float32 master weights for full fine-tuning "
+        "(mixed precision runs compute in bf16/fp16), the compute dtype for a frozen LoRA base.")
+    attn_implementation: Literal["auto", "anyfit_varlen", "sdpa", "eager", "flash_attention_2", "flex_attention"] = _f(
+        "auto", "Attention kernel. auto: anyfit_varlen with train.packing (per-example attention in packed rows: "
+        "PyTorch's varlen FlashAttention on CUDA bf16/fp16, SDPA per example elsewhere), else sdpa. The others "
+        "are transformers' own; with packing they keep examples apart through position_ids.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass: less memory, about 30% slower.")
+    checkpoint_every: int = _f(
+        1, "With gradient_checkpointing: recompute every N-th decoder layer only (1: all of them). Larger N keeps "
+        "more activations and recomputes less: a knob between speed and memory.")
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters through PEFT. Off means full fine-tuning."""
+
+    enabled: bool = _f(False, "Train LoRA adapters instead of all weights.")
+    r: int = _f(16, "Adapter rank.")
+    alpha: int = _f(32, "LoRA scaling numerator (the update is scaled by alpha / r).")
+    dropout: float = _f(0.05, "Dropout on the adapter input.")
+    qlora: bool = _f(False, "Load the frozen base in 4-bit NF4 (bitsandbytes, CUDA only) and train LoRA on top.")
+    target_modules: list[str] | str = _f(
+        "auto", "Module names to adapt, or 'auto' to find the attention and MLP projections from the "
+        "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'.")
+
+
+@dataclass
+class DataConfig:
+    """Where the training examples come from and how they become tokens."""
+
+    path: str = _f("", "A local .jsonl/.json/.parquet file, or a hub dataset name.")
+    subset: str | None = _f(None, "Hub dataset configuration name (e.g. 'main' for gsm8k).")
+    split: str = _f("train", "Split, with optional slicing: 'train', 'train[:500]', 'train[10%:]'.")
+    num_samples: int | None = _f(None, "Use at most this many examples (after loading, before shuffling).")
+    format: Literal["auto", "messages", "prompt_completion", "text", "tokens"] = _f(
+        "auto", "Example format. auto: detect from the fields (messages, prompt/completion, text, or "
+        "input_ids + optional completion_mask for pre-tokenized data).")
+    fields: dict[str, str] = _f(
+        {}, "Map anyfit's fields to yours, e.g. {prompt: problem, completion: solution} for MATH.")
+    template: str = _f(
+        "chat", "How examples are laid out: 'chat' (the tokenizer's chat template; a string prompt becomes the user "
+        "message); 'plain' (the text is prompt + completion, nothing added between them; each tokenized on its "
+        "own); 'trl' (as TRL's SFTTrainer tokenizes the same records: prompt + completion + EOS tokenized whole, "
+        "the loss from the first token that differs from the prompt's own; conversations through the chat "
+        "template); 'r1_zero' (<think> ... </think> <answer> ... </answer>); or a custom string with {prompt} in it.")
+    system_prompt: str | None = _f(None, "System message for the chat template.")
+    max_length: int = _f(1024, "Longest example in tokens.")
+    overlong: Literal["truncate", "drop"] = _f("truncate", "What to do with longer examples (both are counted and reported).")
+    train_on: Literal["completion", "all"] = _f(
+        "completion", "Which tokens carry loss: the completion/assistant tokens only, or all tokens.")
+    add_eos: bool = _f(True, "End each completion with the tokenizer's EOS token (so the model learns to stop).")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation: batch, schedule, checkpoints."""
+
+    output_dir: str = _f("runs/anyfit", "Where the final model, checkpoints, metrics and resolved config go.")
+    overwrite: bool = _f(False, "Allow writing into an output_dir that already holds a run.")
+    effective_batch: int = _f(
+        32, "Sequences per optimizer step, summed over micro-batches, accumulation and processes. "
+        "The same on every machine: micro_batch and accumulation are derived from it.")
+    micro_batch: int | Literal["auto"] = _f(
+        4, "Sequences per forward pass per process; accumulation = effective / (micro x processes). 'auto': a "
+        "short probe on the longest sequences measures peak memory and picks the largest that fits.")
+    epochs: float = _f(1.0, "Passes over the data (ignored when max_steps > 0).")
+    max_steps: int = _f(0, "Stop after this many optimizer steps (0: derive from epochs).")
+    learning_rate: float = _f(2e-5, "Peak learning rate.")
+    weight_decay: float = _f(0.0, "AdamW weight decay (not applied to biases and norms).")
+    adam_beta1: float = _f(0.9, "AdamW beta1.")
+    adam_beta2: float = _f(0.999, "AdamW beta2.")
+    adam_eps: float = _f(1e-8, "AdamW epsilon.")
+    optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor"] = _f(
+        "adamw", "adamw: torch's AdamW (fused where it can be). adamw_8bit / paged_adamw_8bit: bitsandbytes' 8-bit "
+        "states (CUDA only; paged moves them to host memory under pressure). adafactor: factored second moments, "
+        "no first moment: a fraction of AdamW's state on every device.")
+    lr_schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "Decay after warmup.")
+    warmup_steps: int = _f(0, "Linear warmup steps (overrides warmup_ratio when > 0).")
+    warmup_ratio: float = _f(0.0, "Warmup as a fraction of the total steps.")
+    min_lr_ratio: float = _f(0.0, "Final learning rate as a fraction of the peak (cosine and linear).")
+    max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0: no clipping).")
+    save_every: int = _f(0, "Write a checkpoint every N steps (0: only the final model).")
+    keep_last: int = _f(2, "Keep this many most recent checkpoints.")
+    log_every: int = _f(10, "Write a metrics line every N steps (each costs one device-to-host sync).")
+    report_to: list[str] | str = _f(
+        "none", "Also send every metrics line to experiment trackers, through Accelerate's: none, or one or a list of "
+        "tensorboard, wandb, mlflow, trackio (install the tracker: pip install 'anyfit[tensorboard]', ...). "
+        "wandb offline: set WANDB_MODE=offline.")
+    seed: int = _f(42, "Seed for initialisation of adapters, data order and dropout.")
+    resume: str | None = _f(
+        None, "Continue a run: 'auto' (the newest complete checkpoint in output_dir; a fresh start if there is "
+        "none) or the path of a checkpoint-N folder. Restores weights, optimizer, scheduler, loss scaler, RNG "
+        "states and the position in the data.")
+    packing: bool = _f(
+        True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
+        "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example.")
+    loss_chunk_tokens: int = _f(
+        1024, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
+        "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")
+    max_nonfinite_steps: int = _f(
+        3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "
+        "(each one is skipped: no update).")
+
+
+@dataclass
+class EvalConfig:
+    """Evaluation during training: validation loss and generation accuracy on held-out examples."""
+
+    path: str | None = _f(None, "Held-out data (file or hub name, read with the data.* settings); default: data.path.")
+    split: str | None = _f(None, "Split of eval.path (e.g. 'test[:200]'). Set eval.path or eval.split to hold data out.")
+    holdout: int = _f(0, "Instead of eval.path/split: hold out this many training records (seeded) for evaluation.")
+    every: int = _f(0, "Validation loss every N optimizer steps (0: off); also at the end when eval data is set.")
+    generate_every: int = _f(0, "Generation accuracy every N steps (0: off). Costs a generation pass each time.")
+    generate_before: bool = _f(False, "Generation accuracy before the first step (the base model's score).")
+    generate_at_end: bool = _f(False, "Generation accuracy after the last step.")
+    num_generate: int = _f(64, "Held-out examples used for generation accuracy.")
+    max_new_tokens: int = _f(256, "Longest generated answer in the generation eval.")
+    batch_size: int | Literal["auto"] = _f("auto", "Generation batch size; auto sizes it from free memory and the KV cache.")
+
+
+@dataclass
+class RuntimeConfig:
+    """Hardware policy. 'auto' resolves once at start and is printed with its reason."""
+
+    device: Literal["auto", "cuda", "mps", "cpu"] = _f("auto", "auto picks cuda > mps > cpu.")
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = _f(
+        "auto", "auto: bf16 on CUDA with native bf16 (compute capability 8.0+), fp16 with loss scaling "
+        "on older CUDA, fp32 on MPS and CPU.")
+    tf32: bool = _f(True, "Allow TF32 matmuls on CUDA where the GPU has them.")
+    fused_optimizer: bool = _f(True, "Fused AdamW (CUDA, MPS and CPU): one kernel per step, and non-finite steps are "
+                               "skipped on the device without a host sync.")
+    memory_fraction: float = _f(
+        0.85, "Share of the device's memory (host RAM on CPU) that micro_batch=auto may plan to use.")
+    num_workers: int | Literal["auto"] = _f(
+        "auto", "Processes that prepare the next steps' batches while the current one trains (auto: 2 on CUDA, "
+        "0 elsewhere: on a CPU they would compete with training for the cores).")
+    compile: bool = _f(False, "torch.compile the model (inductor, dynamic shapes). Off by default until it is "
+                       "measured to pay on a GPU (see BENCHMARKS.md).")
+    sharding: Literal["auto", "none", "fsdp"] = _f(
+        "auto", "fsdp: shard weights, gradients and optimizer states over the processes with PyTorch's FSDP2 "
+        "(fully_shard per decoder layer). auto: what 'anyfit plan' recommends for this machine and process count "
+        "(printed with its reason). none: every process holds everything (DDP).")
+    fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
+                            "offload); slower, for models that do not fit in device memory even sharded.")
+
+
+@dataclass
+class Config:
+    """A whole anyfit run."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    runtime: RuntimeConfig = field(default_factory=RuntimeConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+
+SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "lora": LoraConfig, "train": TrainConfig,
+                             "eval": EvalConfig, "runtime": RuntimeConfig}
+
+
+TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # train.report_to values (Accelerate's tracker names)
+# data.template values that are names; any other value must be a custom text with a {prompt} placeholder.
+NAMED_TEMPLATES = ("chat", "plain", "trl", "r1_zero")
+DATA_FIELDS = ("messages", "prompt", "completion", "text", "system", "answer")  # the keys data.fields may map
+
+
+def all_keys() -> list[str]:
+    """Every valid dotted key, e.g. 'train.learning_rate'."""
+    return [f"{s}.{f.name}" for s, cls in SECTIONS.items() for f in dataclasses.fields(cls)]
+
+
+def keys_of(section: str) -> list[str]:
+    return [k for k in all_keys() if k.startswith(section + ".")]
+
+
+
+def validate(cfg: Config) -> None:
+    """Checks across fields; raised before any heavy work."""
+    t = cfg.train
+    for key, value, low in [
+        ("train.effective_batch", t.effective_batch, 1),
+        ("train.keep_last", t.keep_last, 1),
+        ("train.log_every", t.log_every, 1),
+        ("train.max_nonfinite_steps", t.max_nonfinite_steps, 1),
+        ("data.max_length", cfg.data.max_length, 2),
+        ("model.checkpoint_every", cfg.model.checkpoint_every, 1),
+        ("lora.r", cfg.lora.r, 1),
+    ]:
+        if value < low:
+            raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
+    for key, value in [("eval.holdout", cfg.eval.holdout), ("eval.every", cfg.eval.every),
+                       ("eval.generate_every", cfg.eval.generate_every), ("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
+                       ("train.warmup_steps", t.warmup_steps), ("train.loss_chunk_tokens", t.loss_chunk_tokens),
+                       ("runtime.num_workers", 0 if cfg.runtime.num_workers == "auto" else cfg.runtime.num_workers)]:
+        if value < 0:
+            raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
+    if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):
+        raise ConfigError("Set either eval.holdout (records taken from the training data) or eval.path/eval.split "
+                          "(separate held-out data), not both.")
+    if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
+        raise ConfigError(f"'eval.batch_size' must be at least 1 or 'auto', got {cfg.eval.batch_size}.")
+    if t.learning_rate <= 0:
+        raise ConfigError(f"'train.learning_rate' must be positive, got {t.learning_rate}.")
+    if not 0 < cfg.runtime.memory_fraction <= 1:
+        raise ConfigError(f"'runtime.memory_fraction' must be in (0, 1], got {cfg.runtime.memory_fraction}.")
+    if not 0 <= t.warmup_ratio < 1:
+        raise ConfigError(f"'train.warmup_ratio' must be in [0, 1), got {t.warmup_ratio}.")
+    if t.max_steps == 0 and t.epochs <= 0:
+        raise ConfigError("Set 'train.max_steps' > 0 or 'train.epochs' > 0: the run has no length.")
+    if t.micro_batch != "auto" and t.micro_batch < 1:
+        raise ConfigError(f"'train.micro_batch' must be at least 1 or 'auto', got {t.micro_batch}.")
+    if t.micro_batch != "auto" and t.micro_batch > t.effective_batch:
+        raise ConfigError(f"'train.micro_batch' ({t.micro_batch}) is larger than 'train.effective_batch' "
+                          f"({t.effective_batch}); lower micro_batch or raise effective_batch.")
+    trackers = [cfg.train.report_to] if isinstance(cfg.train.report_to, str) else list(cfg.train.report_to)
+    unknown = [r for r in trackers if r not in TRACKERS and r != "none"]
+    if unknown:
+        raise ConfigError(f"'train.report_to' {unknown} is not a tracker anyfit knows; use none or any of "
+                          f"{', '.join(TRACKERS)}.{suggest(unknown[0], list(TRACKERS))}")
+    if cfg.data.template not in NAMED_TEMPLATES and "{prompt}" not in cfg.data.template:
+        raise ConfigError(f"data.template={cfg.data.template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has "
+                          "no '{prompt}' placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")
+    unknown_fields = set(cfg.data.fields) - set(DATA_FIELDS)
+    if unknown_fields:
+        raise ConfigError(f"'data.fields' maps unknown anyfit fields {sorted(unknown_fields)}; the keys must be among "
+                          f"{', '.join(DATA_FIELDS)} (the values are your column names).")

@@ -1,0 +1,178 @@
+"""The quantities the memory and time model take (``Setup``: one way to run the training step) and the
+one mapping from a run config to them (``setup_for``), with the constants of the libraries anyfit runs on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from anyfit.config import Config
+from anyfit.hardware.runtime import weight_dtype
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# 4-bit NF4 with double quantization (bitsandbytes): 4 bits per weight, an 8-bit absmax per block of 64
+# weights, and an fp32 absmax (plus offset) per 256 of those blocks.
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 8 / (64 * 256)
+
+# bitsandbytes' blockwise 8-bit AdamW (AdamW8bit, PagedAdamW8bit): state1 and state2 are uint8, each with an
+# fp32 absmax per block of 256 elements (bitsandbytes/optim/optimizer.py, Optimizer2State.init_state:
+# ``blocks = n // 256``; releases before 0.45 used 2048), so 2 + 2 * 4 / 256 bytes per parameter instead of
+# AdamW's 8. Tensors under ``min_8bit_size`` = 4,096 elements keep two fp32 states: the planner counts every
+# 1-D tensor (norms, biases) so, which overstates by at most a few MB. The 2 x 256 floats of quantization maps
+# are shared and ignored. Paged 8-bit AdamW has the same device footprint until memory runs short.
+BNB_BLOCK = 256
+EIGHT_BIT_STATE_BYTES = 2 + 2 * 4 / BNB_BLOCK
+EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit")
+OPTIMIZER_NAMES = {"adamw": "AdamW", "adamw_8bit": "8-bit AdamW", "paged_adamw_8bit": "paged 8-bit AdamW",
+                   "adafactor": "Adafactor"}
+
+# Bytes the optimizer update streams per trainable parameter (reads + writes), which bounds its time:
+# fused AdamW on fp32 reads parameter, gradient and two states and writes three back (28); 8-bit AdamW the
+# same with 1-byte states (16); torch's Adafactor (single-tensor path, its default) reads the gradient twice
+# for the row/column norms, builds a full-size variance estimate and update in place (~4 passes), reads the
+# parameter for its RMS and writes it (~40).
+OPTIMIZER_STREAM_BYTES = {"adamw": 28, "adamw_8bit": 16, "paged_adamw_8bit": 16, "adafactor": 40}
+
+# CPU offload runs the optimizer step on the host (FSDP2 keeps the sharded parameters, gradients and states
+# there). Assumed sustained host memory throughput for that update, shared by the processes of a node: an
+# assumption (not measured here) for a multi-channel server; a desktop has about half.
+CPU_OPTIMIZER_GBS = 50.0
+
+# DDP reduces gradients in 25 MiB buckets (torch's default bucket_cap_mb) while the backward pass runs; the last
+# bucket cannot overlap with compute.
+DDP_BUCKET_BYTES = 25 * 2**20
+
+# Fixed memory a process needs besides tensors: the CUDA context and library workspaces (not counted by
+# torch.cuda.max_memory_allocated, but taken from the GPU); on Apple unified memory and on the CPU the
+# Python process itself (interpreter, torch, transformers, the tokenizer, the data). The CPU figure comes
+# from benchmarks/plan_vs_measured.py: ~0.75 GiB RSS before the model is loaded, ~0.25 GiB more once a step
+# has run (library code paged in), and ~0.25 GiB of glibc heap slack (freed activations the allocator keeps:
+# 0.15 GiB measured for full fine-tuning, 0.45-0.5 GiB for LoRA, about constant in the batch size).
+RUNTIME_OVERHEAD_GIB = {"cuda": 0.5, "mps": 1.0, "cpu": 1.25}
+
+# Share of the target's memory the plan may use: the rest absorbs allocator fragmentation and estimate error.
+# The same share bounds the host RAM of CPU offload and model loading.
+SAFETY = 0.9
+
+# The pieces of a LoRA target's input that PEFT keeps per adapter, by where dropout runs: the fused CUDA/MPS
+# dropout saves a 1-byte mask; the CPU one multiplies by a noise tensor of the input's dtype (fp32 in PEFT).
+_DROPOUT_MASK_BYTES = {"cuda": 1, "mps": 1, "cpu": 4}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One way to run the training step: what the planner varies and the estimates depend on."""
+
+    method: str  # "full" | "lora" | "qlora"
+    device: str  # "cuda" | "mps" | "cpu"
+    precision: str  # "fp32" | "bf16" | "fp16": the compute dtype (autocast when weights are fp32)
+    weight_bytes: int  # bytes per base weight as loaded (4: fp32 master weights, 2: bf16/fp16)
+    micro_batch: int
+    seq_len: int  # tokens per sequence in the longest micro-batch (data.max_length for a bound)
+    gradient_checkpointing: bool = False
+    accumulation: int = 1
+    processes: int = 1
+    fsdp: bool = False  # FSDP2 full shard of weights, gradients and optimizer states over the processes
+    lora_r: int = 16
+    lora_targets: list[str] | str = "auto"
+    lora_dropout: float = 0.05
+    padding: bool = True  # micro-batches padded to their longest (the attention then takes a mask)
+    fused_optimizer: bool = True
+    loss_chunk_tokens: int = 0  # train.loss_chunk_tokens: 0 is torch's cross-entropy on fp32 logits
+    optimizer: str = "adamw"  # train.optimizer: adamw | adamw_8bit | paged_adamw_8bit | adafactor
+    checkpoint_every: int = 1  # model.checkpoint_every: with checkpointing, every N-th decoder layer recomputes
+    offload: bool = False  # runtime.fsdp_offload: FSDP2 CPU offload of sharded weights, gradients and states
+    # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.sharding.gradient_sync): no
+    # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank.
+    fsdp_unsharded_accumulation: bool = True
+
+    def __post_init__(self):
+        if self.offload and not self.fsdp:
+            raise ValueError("Setup.offload is FSDP2's CPU offload: it needs fsdp=True")
+        if self.checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1, got {self.checkpoint_every}")
+
+    @property
+    def lora(self) -> bool:
+        return self.method in ("lora", "qlora")
+
+    @property
+    def shards(self) -> int:
+        """How many ways weights, gradients and optimizer states are split."""
+        return self.processes if self.fsdp else 1
+
+    @property
+    def mixed_fsdp(self) -> bool:
+        """FSDP2 mixed precision: weights stored in ``weight_bytes``, gathered and computed in the compute dtype."""
+        return self.fsdp and BYTES[self.precision] < self.weight_bytes
+
+    @property
+    def compute_weight_bytes(self) -> int:
+        """Bytes per weight as the forward pass sees it (FSDP2 casts the gathered weights; autocast does not)."""
+        return BYTES[self.precision] if self.mixed_fsdp else self.weight_bytes
+
+    def checkpointed_layers(self, num_layers: int) -> int:
+        """Layers whose activations are recomputed: those with index % checkpoint_every == 0
+        (anyfit.model.loading.enable_checkpointing)."""
+        if not self.gradient_checkpointing:
+            return 0
+        return len(range(0, num_layers, self.checkpoint_every))
+
+    def savers(self) -> list[str]:
+        """The memory savers this setup uses, in words."""
+        out = []
+        if self.offload:
+            out.append(f"CPU offload (FSDP over {self.processes})")
+        elif self.fsdp:
+            out.append(f"sharding over {self.processes}")
+        if self.optimizer != "adamw":
+            out.append(OPTIMIZER_NAMES[self.optimizer])
+        if self.gradient_checkpointing:
+            out.append("checkpointing every layer" if self.checkpoint_every == 1
+                       else f"checkpointing every {self.checkpoint_every} layers")
+        return out
+
+    def describe(self) -> str:
+        what = {"full": "full fine-tuning", "lora": f"LoRA r={self.lora_r}", "qlora": f"QLoRA r={self.lora_r}"}
+        parts = [what[self.method], self.precision, f"micro {self.micro_batch} x accum {self.accumulation} x procs "
+                 f"{self.processes}", f"seq {self.seq_len}", OPTIMIZER_NAMES[self.optimizer]]
+        if self.gradient_checkpointing:
+            parts.append("gradient checkpointing" + ("" if self.checkpoint_every == 1
+                                                     else f" every {self.checkpoint_every} layers"))
+        if self.fsdp:
+            parts.append(f"FSDP over {self.processes}" + (" with CPU offload" if self.offload else ""))
+        return ", ".join(parts)
+
+
+def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
+              checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none") -> Setup:
+    """``cfg`` run as ``method`` (full | lora | qlora) on ``device`` in ``precision``, at ``micro_batch`` per
+    process over ``processes``: the one place config keys become the planner's ``Setup``.
+
+    ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's) and
+    ``sharding`` (none | fsdp | offload) are what the saver ladder varies. Weights are sized as model loading
+    loads them (the runtime policy's ``weight_dtype``); the accumulation keeps the effective batch."""
+    if checkpoint_every is None:
+        checkpoint_every = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
+    per_process = cfg.train.effective_batch // processes
+    return Setup(method=method, device=device, precision=precision,
+                 weight_bytes=weight_dtype(cfg.model.dtype, method != "full", device, precision).itemsize,
+                 micro_batch=micro_batch, seq_len=cfg.data.max_length, gradient_checkpointing=checkpoint_every > 0,
+                 checkpoint_every=checkpoint_every or 1, accumulation=max(1, per_process // micro_batch),
+                 processes=processes, fsdp=sharding != "none", offload=sharding == "offload",
+                 optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
+                 lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
+                 padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens)
+
+
+def config_overrides(s: Setup) -> list[str]:
+    """The config keys that select this setup (what to put in the YAML or on the command line)."""
+    out = [f"lora.enabled={str(s.lora).lower()}"]
+    if s.method == "qlora":
+        out.append("lora.qlora=true")
+    out.append(f"model.gradient_checkpointing={str(s.gradient_checkpointing).lower()}")
+    if s.gradient_checkpointing:
+        out.append(f"model.checkpoint_every={s.checkpoint_every}")
+    out += [f"train.optimizer={s.optimizer}", f"runtime.sharding={'fsdp' if s.fsdp else 'none'}",
+            f"runtime.fsdp_offload={str(s.offload).lower()}", f"train.micro_batch={s.micro_batch}"]
+    return out

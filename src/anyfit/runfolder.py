@@ -1,0 +1,109 @@
+"""The run folder's layout, named and parsed in one place: every module that writes or reads a training
+output folder (``train.output_dir``) asks this one, so a file name changes in one line.
+
+A run folder holds
+
+- ``config.yaml``: the resolved config (also inside every checkpoint);
+- ``run_info.json``: runtime policy with its reasons, batch split, data report, versions;
+- ``metrics.jsonl``: one JSON object per logged step, appended while the run goes on;
+- ``loss.png``: the curves, drawn at the end of the run and by ``anyfit plot``;
+- ``checkpoint-<step>/``: written as ``.tmp-checkpoint-<step>/`` and renamed when complete (what a checkpoint
+  holds is ``anyfit.training.checkpoint``'s);
+- the final model (``config.json`` + weights, or ``adapter_config.json`` + adapter) when the run finished.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from anyfit.config import ConfigError
+
+RUN_CONFIG = "config.yaml"
+RUN_INFO = "run_info.json"
+METRICS = "metrics.jsonl"
+PLOT = "loss.png"
+CHECKPOINT_PREFIX = "checkpoint-"
+TMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
+FINAL_MODEL_FILES = ("config.json", "adapter_config.json")  # either marks a finished run's final model
+
+
+def checkpoint_step(path: Path) -> int | None:
+    """The step of a ``checkpoint-<step>`` folder name, None for any other name."""
+    name = Path(path).name
+    tail = name[len(CHECKPOINT_PREFIX):] if name.startswith(CHECKPOINT_PREFIX) else ""
+    return int(tail) if tail.isdigit() else None
+
+
+def checkpoint_dirs(run_dir: Path) -> list[Path]:
+    """Every ``checkpoint-<step>`` folder, complete or not, oldest first."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        return []
+    found = [p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir() and checkpoint_step(p) is not None]
+    return sorted(found, key=checkpoint_step)
+
+
+def has_final_model(folder: Path) -> bool:
+    """Whether ``folder`` holds a model (full, or a LoRA adapter), as a finished run does."""
+    return any((Path(folder) / name).is_file() for name in FINAL_MODEL_FILES)
+
+
+def run_config_path(folder: str | Path) -> Path | None:
+    """The ``config.yaml`` a training run left in ``folder`` (its output folder or a checkpoint), if any."""
+    path = Path(folder) / RUN_CONFIG
+    return path if path.is_file() else None
+
+
+def run_of(folder: Path) -> tuple[Path, int | None]:
+    """``(run folder, step)`` of a checkpoint folder; ``(folder, None)`` for anything else."""
+    step = checkpoint_step(folder)
+    return (Path(folder).parent, step) if step is not None else (Path(folder), None)
+
+
+def read_metrics(run_dir: Path, up_to_step: int | None = None) -> list[dict[str, Any]]:
+    """The metric records of a run, in order; ``[]`` when it has none yet.
+
+    The file is only ever appended to, so the one damage a crash can do is cut its last line short: that
+    line is skipped (it is logged again when the run resumes). A bad line anywhere else means the file was
+    edited or mixed up, and is a ``ConfigError`` naming file and line rather than a silent gap.
+    """
+    path = Path(run_dir) / METRICS
+    if not path.is_file():
+        return []
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if lineno == len(lines):
+                break  # the last line, cut short by a crash mid-write
+            raise ConfigError(f"{path}:{lineno}: not a JSON line ({e.msg}); was the file edited or cut?") from None
+        if not isinstance(record, dict):
+            raise ConfigError(f"{path}:{lineno}: not a metrics record (a JSON object with a 'step').")
+        if up_to_step is None or record.get("step", 0) <= up_to_step:
+            records.append(record)
+    return records
+
+
+def write_metrics(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    """Replace the run's metrics file by ``records`` (a resumed run keeps the lines up to its checkpoint)."""
+    (Path(run_dir) / METRICS).write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+
+
+def read_run_info(run_dir: Path) -> dict[str, Any]:
+    """The run's ``run_info.json``; ``{}`` when it is missing or unreadable (it describes, it never steers)."""
+    path = Path(run_dir) / RUN_INFO
+    try:
+        info = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:
+    (Path(run_dir) / RUN_INFO).write_text(json.dumps(info, indent=2, default=str))

@@ -1,0 +1,193 @@
+"""Whether a checkpoint folder can be trusted, and which one to resume from.
+
+Every checkpoint ends with ``manifest.json``: the size and sha256 of every other file, written last. Sizes
+are compared whenever checkpoints are listed; hashes when one is chosen to resume from. The manifest catches
+what the temporary-name-then-rename of a save cannot: a file truncated or zeroed later (a full disk, a copy
+cut short, a crash before the data reached the disk).
+
+Checkpoints written before manifests existed (``trainer_state.json`` but no ``manifest.json``) are still
+accepted, checked by their structure instead: every safetensors header must account for the file's size
+and every ``.pt`` file must be a readable zip archive (with ``full`` checks, its members' CRCs too).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Callable
+
+from anyfit.config import ConfigError
+from anyfit.runfolder import checkpoint_dirs
+from anyfit.training.sharding import SHARDED_DIR
+
+MANIFEST = "manifest.json"
+STATE = "trainer_state.json"
+# Files every unsharded checkpoint has, besides at least one .safetensors file (see _unlisted for sharded ones).
+REQUIRED = (STATE, "optimizer.pt", "scheduler.pt")
+# A hash the user can check by hand (sha256sum) and that is hardware-accelerated on current x86 (SHA-NI)
+# and ARM CPUs: measured 1.5 GB/s here, against 3.4 GB/s for zlib's crc32 (see the manifest tests).
+HASH = "sha256"
+
+
+def complete_checkpoints(output_dir: Path, full: bool = False) -> list[Path]:
+    """Checkpoints that pass :func:`checkpoint_problem`, oldest first. Sizes only unless ``full``
+    (which reads every byte: for choosing one to resume from, not for listing)."""
+    return [p for p in checkpoint_dirs(output_dir) if checkpoint_problem(p, full) is None]
+
+
+def file_hash(path: Path) -> str:
+    digest = hashlib.new(HASH)  # hashlib.file_digest needs Python 3.11
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(directory: Path) -> None:
+    """Record the size and hash of every file in ``directory``; call it after every other file is written."""
+    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, HASH: file_hash(p)}
+             for p in sorted(directory.rglob("*")) if p.is_file() and p.name != MANIFEST}
+    (directory / MANIFEST).write_text(json.dumps({"format": 1, "hash": HASH, "files": files}, indent=1) + "\n")
+
+
+def _read_manifest(directory: Path) -> dict[str, dict[str, Any]] | None:
+    """The manifest's file table, or None when it is not what write_manifest writes."""
+    try:
+        manifest = json.loads((directory / MANIFEST).read_text())
+        files = manifest["files"]
+        if manifest.get("hash") != HASH or not isinstance(files, dict):
+            return None
+        for name, entry in files.items():
+            # a listed name must stay inside the folder, and every entry needs both facts
+            if Path(name).is_absolute() or ".." in Path(name).parts:
+                return None
+            if not isinstance(entry.get("size"), int) or not isinstance(entry.get(HASH), str):
+                return None
+        return files
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _unlisted(names: set[str]) -> list[str]:
+    """The parts every checkpoint has that a manifest does not list. A sharded run keeps its weights and
+    optimizer state under sharded/ (torch.distributed.checkpoint) instead of *.safetensors and optimizer.pt."""
+    if any(name.startswith(f"{SHARDED_DIR}/") for name in names):
+        return [name for name in (STATE, "scheduler.pt") if name not in names]
+    unlisted = [name for name in REQUIRED if name not in names]
+    if not any(name.endswith(".safetensors") for name in names):
+        unlisted.append("the weights (*.safetensors)")
+    return unlisted
+
+
+def checkpoint_problem(directory: Path, full: bool = True) -> str | None:
+    """What is wrong with a checkpoint folder, in a few words naming the file; None when it is usable.
+
+    Sizes are always compared with the manifest; ``full`` also compares every file's hash (reads it all:
+    about 0.7 s per GB here). A folder without a manifest is an older anyfit checkpoint when it has
+    ``trainer_state.json``: its structure is checked instead (see the module docstring).
+    """
+    if not (directory / MANIFEST).is_file():
+        if not (directory / STATE).is_file():
+            return f"incomplete: no {MANIFEST} or {STATE} (the save did not finish)"
+        return _structure_problem(directory, full)
+    files = _read_manifest(directory)
+    if files is None:
+        return f"{MANIFEST} is damaged (not the manifest anyfit writes)"
+    unlisted = _unlisted(set(files))
+    if unlisted:
+        return f"{MANIFEST} does not list {', '.join(unlisted)}"
+    for name, entry in files.items():
+        path = directory / name
+        if not path.is_file():
+            return f"{name} is missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{name} has {size} bytes, the manifest says {entry['size']} (truncated or changed)"
+    if full:
+        for name, entry in files.items():
+            if file_hash(directory / name) != entry[HASH]:
+                return f"{name} does not match its {HASH} in the manifest (corrupted)"
+    return None
+
+
+def _structure_problem(directory: Path, full: bool) -> str | None:
+    """Checks for a checkpoint without a manifest: what each file's own format says about its length."""
+    for name in REQUIRED:
+        if not (directory / name).is_file():
+            return f"{name} is missing"
+    try:
+        json.loads((directory / STATE).read_text())["step"]
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
+        return f"{STATE} is damaged"
+    weights = sorted(directory.glob("*.safetensors"))
+    if not weights:
+        return "no weights (*.safetensors)"
+    for path in weights:
+        problem = _safetensors_problem(path)
+        if problem:
+            return f"{path.name} {problem}"
+    for path in sorted(directory.glob("*.pt")):
+        try:
+            with zipfile.ZipFile(path) as z:  # reads the central directory at the end: gone when truncated
+                bad = z.testzip() if full else None  # CRC of every member
+        except (OSError, zipfile.BadZipFile, EOFError, ValueError):
+            return f"{path.name} is not a readable archive (truncated or damaged)"
+        if bad:
+            return f"{path.name} is damaged ({bad} fails its CRC)"
+    return None
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """A safetensors file is an 8-byte header length, a JSON header and the tensor bytes it describes."""
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 2 <= n <= size - 8:
+                return "has no valid header (truncated or zeroed)"
+            header = json.loads(f.read(n))
+        end = max([t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"], default=0)
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, IndexError):
+        return "has a damaged header"
+    if 8 + n + end != size:
+        return f"has {size} bytes, its header describes {8 + n + end} (truncated)"
+    return None
+
+
+def _warn(line: str) -> None:
+    print(line, file=sys.stderr)
+
+
+def resolve_resume(spec: str | None, output_dir: Path, warn: Callable[[str], None] | None = None) -> Path | None:
+    """The checkpoint to resume from: None for a fresh run; 'auto' picks the newest intact one (hashes
+    checked), saying in one line through ``warn`` (default: stderr) which newer ones it skipped and why."""
+    warn = warn or _warn
+    if not spec:
+        return None
+    if spec == "auto":
+        dirs = checkpoint_dirs(output_dir)
+        problems = []
+        for path in reversed(dirs):
+            problem = checkpoint_problem(path, full=True)
+            if problem is None:
+                return path
+            problems.append(f"{path.name}: {problem}")
+            warn(f"[anyfit] warning: skipping checkpoint {path}: {problem}")
+        if problems:
+            raise ConfigError(f"train.resume=auto: no intact checkpoint in {output_dir} ({'; '.join(problems)}). "
+                              "Start again with train.overwrite=true, or resume from a copy of the run.")
+        return None
+    path = Path(spec)
+    if not path.is_dir() or not ((path / STATE).is_file() or (path / MANIFEST).is_file()):
+        found = [p.name for p in complete_checkpoints(path.parent)]
+        raise ConfigError(f"train.resume: {path} is not a complete checkpoint (no {STATE}). "
+                          + (f"Complete ones there: {', '.join(found)}. " if found else "")
+                          + "Use train.resume=auto to pick the newest complete checkpoint of train.output_dir.")
+    problem = checkpoint_problem(path, full=True)
+    if problem:
+        raise ConfigError(f"train.resume: checkpoint {path} is damaged: {problem}. Use train.resume=auto to pick "
+                          "the newest intact checkpoint of train.output_dir.")
+    return path
