@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from anyfit.config import ConfigError
-from anyfit.hub import check_dataset_id, check_model_id, looks_local
+from anyfit.hub import check_dataset_id, check_model_id, data_looks_local, innermost_message, is_hub_id, looks_local
 
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
 
@@ -179,3 +179,27 @@ def test_data_set_offline_unreachable_or_cached(tmp_path):
     assert unreachable["seconds"] < 5.0  # not datasets' ~30 s of retries
     (tmp_path / "hf" / "hub" / "datasets--openai--gsm8k").mkdir(parents=True)  # what a download leaves
     assert run_check(tmp_path, "openai/gsm8k", "check_dataset_id", HF_ENDPOINT=UNREACHABLE)["error"] is None
+
+
+def test_one_owner_tells_hub_names_from_paths(tmp_path, monkeypatch):
+    """Models, data sets and model cards ask the same module (the rules differ: a data set name has no suffix)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data").mkdir()
+    for spec in ("train.jsonl", "data/x", "./gsm8k", "a/b/c", "/abs/file", "~/f", "raw.csv", tmp_path.name):
+        assert data_looks_local(spec) or spec == tmp_path.name, spec
+    (tmp_path / "gsm8k").mkdir()
+    assert data_looks_local("gsm8k")  # exists here
+    for spec in ("openai/gsm8k", "HuggingFaceH4/MATH-500", "gsm8k-like"):
+        assert not data_looks_local(spec), spec
+    assert is_hub_id("Qwen/Qwen2.5-0.5B") and not is_hub_id("gpt2") and not is_hub_id("./Qwen/x")
+
+
+def test_the_innermost_message_of_a_chain():
+    try:
+        try:
+            raise FileNotFoundError("no such split: 'tset'")
+        except FileNotFoundError as e:
+            raise RuntimeError("generic wrapper") from e
+    except RuntimeError as outer:
+        assert innermost_message(outer) == "no such split: 'tset'."
+    assert innermost_message(ValueError()) == "ValueError."

@@ -56,3 +56,32 @@ def test_plan_and_auto_pick_the_same_micro_batch(tiny_llama_dir, packing):
         assert planned == probed == low, (budget, planned, probed)
         picked.add(planned)
     assert picked == set(candidates)  # including 3 and 6, which are not powers of two
+
+
+@pytest.mark.parametrize("effective, processes, micro", [(8, 4, 4), (8, 4, 2), (12, 2, 3), (8, 1, 8), (16, 4, "auto")])
+def test_recommend_sharding_plans_the_micro_batch_the_run_uses(tiny_llama_dir, effective, processes, micro):
+    """runtime.sharding=auto decides on the micro-batch BatchPlan.from_config gives the run (effective 8 over 4
+    processes with micro_batch 4: each process has 2 sequences, so the run uses 2, and so does the estimate)."""
+    from anyfit.planning.ladder import recommend_sharding
+
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", f"train.effective_batch={effective}",
+                             f"train.micro_batch={micro}", "runtime.device=cpu"])
+    shape = shape_from_config(AutoConfig.from_pretrained(tiny_llama_dir))
+    _, why = recommend_sharding(cfg, shape, custom_target("cpu", 64), processes)
+    if processes == 1:
+        assert why == "one process: nothing to shard over"
+        return
+    run = BatchPlan.from_config(cfg.train, processes).micro_batch
+    if micro == "auto":  # the planner's estimate of micro_batch=auto: the largest divisor that fits (all, here)
+        run = effective // processes
+    assert why.endswith(f"at micro-batch {run}"), why
+
+
+def test_a_batch_split_the_run_refuses_is_not_planned(tiny_llama_dir):
+    from anyfit.planning.ladder import recommend_sharding
+
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "train.effective_batch=12",
+                             "train.micro_batch=4", "runtime.device=cpu"])
+    shape = shape_from_config(AutoConfig.from_pretrained(tiny_llama_dir))
+    use, why = recommend_sharding(cfg, shape, custom_target("cpu", 64), 2)  # 6 per process: 4 does not divide
+    assert not use and "train.micro_batch=4 does not divide" in why
