@@ -15,6 +15,8 @@ from tiny_runs import (
     wait_for,
 )
 
+pytestmark = [pytest.mark.multirun]
+
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 def test_sigkill_then_resume_is_bit_identical(lora, tiny_llama_dir, tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 from tiny_runs import (
     read_metrics,
     train_variants,
@@ -19,6 +20,8 @@ from tiny_runs import (
 )
 
 
+@pytest.mark.multiprocess
+@pytest.mark.multirun
 def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     """torchrun --nproc_per_node 2 (gloo on CPU) gives the same per-step loss and final weights as 1 process."""
     data = write_dataset(tmp_path / "d.jsonl", n=24)
@@ -47,19 +50,41 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
 
 
 
+@pytest.mark.multirun
 def test_packing_on_and_off_train_the_same(tiny_qwen2_dir, tmp_path):
     """Packed rows (no padding, position_ids) and padded rows give the same per-step losses and weights."""
+    lr, steps = 1e-2, 3
     runs = train_variants(tiny_qwen2_dir, tmp_path, "train.packing", ("true", "false"), "train.effective_batch=8",
-                 "train.micro_batch=4", "train.max_steps=3")
+                 "train.micro_batch=4", f"train.max_steps={steps}")
     on, off = runs["true"], runs["false"]
-    assert same_losses(on.losses, off.losses, 3), (on.losses, off.losses)
-    # fp32 round-off of two attention kernels, which Adam's normalisation can lift to ~1e-5 on parameters
-    # with near-zero gradients: still 1000x below one update (lr 1e-2)
-    for (name, p), q in zip(on.model.named_parameters(), off.model.parameters()):
-        assert torch.allclose(p, q, rtol=1e-4, atol=1e-5), name
+    assert same_losses(on.losses, off.losses, steps), (on.losses, off.losses)
+    start = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir)
+    assert_same_updates(on.model, off.model, start, lr, steps)
 
 
+def assert_same_updates(a, b, start, lr: float, steps: int) -> None:
+    """The two runs moved every weight the same way, up to what fp32 round-off can do through Adam.
 
+    The two attention paths differ by fp32 round-off (~1e-7 relative) in the gradients. Adam divides each
+    gradient element by its own running magnitude, so where a gradient is itself at round-off level (a weight
+    that barely matters for this batch) the round-off can change that element's update by up to its bound, lr
+    per step. So: (1) no element differs by more than Adam's bound, 2 x lr x steps; (2) the differences are
+    rare: at most 1% of a tensor's elements differ by more than 1e-3 of one update (lr); (3) as a whole they
+    are small: the norm of the difference is at most 1% of the norm of the update. A real difference between
+    the paths (attention leaking across packed examples, a wrong position id) changes most elements'
+    gradients and fails (2) and (3) by orders of magnitude; a fixed atol would instead depend on the CPU.
+    """
+    start_params = dict(start.named_parameters())
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        p0 = start_params[name].detach()
+        diff = (p.detach() - q.detach()).abs()
+        update = (q.detach() - p0).norm()
+        assert diff.max() <= 2 * lr * steps, (name, diff.max().item())
+        assert (diff > 1e-3 * lr).float().mean() <= 0.01, (name, (diff > 1e-3 * lr).float().mean().item())
+        assert diff.norm() <= 0.01 * update + 1e-12, (name, diff.norm().item(), update.item())
+
+
+@pytest.mark.multirun
 def test_background_batch_workers_do_not_change_the_run(tiny_qwen2_dir, tmp_path):
     """runtime.num_workers prepares the windows in other processes; the data order and result stay the same."""
     runs = train_variants(tiny_qwen2_dir, tmp_path, "runtime.num_workers", ("0", "2"), "train.effective_batch=4",
@@ -69,6 +94,7 @@ def test_background_batch_workers_do_not_change_the_run(tiny_qwen2_dir, tmp_path
 
 
 @pytest.mark.slow
+@pytest.mark.multirun
 def test_torch_compile_trains_the_same(tiny_qwen2_dir, tmp_path):
     """runtime.compile=true (inductor, dynamic shapes, packed rows of changing length) matches eager."""
     runs = train_variants(tiny_qwen2_dir, tmp_path, "runtime.compile", ("false", "true"), "train.effective_batch=4",

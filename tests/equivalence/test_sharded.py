@@ -16,6 +16,8 @@ import torch
 from safetensors.torch import load_file
 from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for, write_dataset
 
+pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
+
 STEPS = 8
 
 

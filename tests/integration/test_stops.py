@@ -23,6 +23,7 @@ from anyfit.training.loop import train
 from anyfit.training.loss import token_loss_sum
 
 
+@pytest.mark.multirun
 def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
     cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
     out = tmp_path / "run"

@@ -13,7 +13,7 @@ from anyfit.cli import main, version
 from anyfit.config import ConfigError, RuntimeConfig
 from anyfit.hardware.runtime import Hardware, resolve_runtime
 
-PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+PYPROJECT = Path(__file__).resolve().parents[3] / "pyproject.toml"
 
 
 def test_dunder_version_is_pyprojects():

@@ -6,7 +6,7 @@ from anyfit.cli import main
 from anyfit.config import Config, ConfigError, help_text, load_config
 from anyfit.configs import shipped
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_every_shipped_config_loads():

@@ -9,7 +9,7 @@ percent, equations, several answers) and competition sets (AIME's leading zeros,
 golds with "or equivalently", parentheticals, sums, products, binomials), plus the answer-tag and
 last-number forms.
 
-Print both counts with ``uv run python tests/unit/test_grading_corpus.py``.
+Print both counts with ``uv run python tests/unit/evaluation/test_grading_corpus.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 from anyfit.evaluation.answers import extract_answer, gold_answer
 from anyfit.evaluation.grading import grade
 
-CORPUS = Path(__file__).resolve().parents[1] / "data" / "grading_corpus.jsonl"
+CORPUS = Path(__file__).resolve().parents[2] / "data" / "grading_corpus.jsonl"
 
 # Triples anyfit still grades wrong, each a false negative (a right answer marked wrong), as (prediction,
 # gold). Listed so they cannot grow silently; there are no false positives.
