@@ -273,7 +273,7 @@ def cmd_eval(args) -> int:
 def cmd_export(args) -> int:
     import shlex
 
-    from anyfit.model.export import export
+    from anyfit.export.folder import export
 
     # The command as it would be typed again, recorded in the model card.
     words = ["anyfit", "export", args.run]
