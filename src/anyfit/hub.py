@@ -50,6 +50,11 @@ def is_hub_id(name: str) -> bool:
     return name.count("/") == 1 and not looks_local(name)
 
 
+def is_hub_dataset_id(spec: str) -> bool:
+    """Whether a ``data.path`` is a hub data set id (``owner/name``), not a local file or folder."""
+    return spec.count("/") == 1 and not data_looks_local(spec)
+
+
 def innermost_message(error: BaseException) -> str:
     """The message of the exception at the bottom of a chain, as one sentence (``datasets`` and the hub
     client wrap the cause in generic errors)."""

@@ -18,8 +18,10 @@ from tiny_runs import config_for, write_dataset
 from transformers import AutoModelForCausalLM
 
 from anyfit.cli import main
-from anyfit.model import export as export_module
-from anyfit.model.export import ExportError, export, llama_cpp_pre_tokenizer
+from anyfit.export import gguf_support, gguf_writer
+from anyfit.export.errors import ExportError
+from anyfit.export.folder import export
+from anyfit.export.gguf_vocab import llama_cpp_pre_tokenizer
 from anyfit.training.loop import train
 
 IDS = torch.tensor([[3, 17, 42, 256, 511, 7, 99, 300]])
@@ -191,13 +193,13 @@ def test_llama3_rope_scaling_goes_into_the_gguf(tmp_path, small_tokenizer_dir):
     result = export(model_dir, tmp_path / "out", gguf="f16", echo=lambda *a: None)
     assert result.agreement["f16"].conversion_diff <= 1e-5
     tensors = {t.name: t for t in gguf.GGUFReader(result.gguf["f16"]).tensors}
-    assert tensors["rope_freqs.weight"].data.tolist() == export_module._llama3_rope_factors(
+    assert tensors["rope_freqs.weight"].data.tolist() == gguf_writer._llama3_rope_factors(
         AutoModelForCausalLM.from_pretrained(model_dir).config).tolist()
 
 
 def test_a_wrong_conversion_fails_the_export(small_llama_dir, tmp_path, monkeypatch):
     # llama.cpp's llama layout interleaves the rotary halves of q and k; leave that out and the check sees it
-    monkeypatch.setitem(export_module._GGUF_ARCHS, "LlamaForCausalLM", export_module._GGUFArch("LLAMA", False))
+    monkeypatch.setitem(gguf_support.GGUF_ARCHS, "LlamaForCausalLM", gguf_support.GGUFArch("LLAMA", False))
     with pytest.raises(ExportError, match="does not hold the merged model"):
         export(small_llama_dir, tmp_path / "out", gguf="f16", echo=lambda *a: None)
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".*partial"))
@@ -236,7 +238,7 @@ def test_llama3_rope_factors_match_transformers():
                          rope_parameters=rope)
     scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
     default = 1.0 / 500000.0 ** (torch.arange(0, 64, 2, dtype=torch.float32) / 64)
-    factors = torch.from_numpy(export_module._llama3_rope_factors(config))
+    factors = torch.from_numpy(gguf_writer._llama3_rope_factors(config))
     torch.testing.assert_close(default / factors, scaled, rtol=1e-5, atol=0)  # llama.cpp divides by them
 
 

@@ -82,7 +82,7 @@ def imports_of(name: str, path: Path, known: dict[str, Path]) -> list[Import]:
         while above >= 0 and lines[above].lstrip().startswith(("from ", "import ")):
             above -= 1
         commented = "#" in lines[node.lineno - 1] or (above >= 0 and lines[above].lstrip().startswith("#"))
-        for target in targets:
+        for target in dict.fromkeys(targets):  # `from x import a, b` of one module is one import
             if target.split(".")[0] == "anyfit":
                 found.append(Import(name, target, node.lineno, id(node) in in_function, commented))
     return found

@@ -14,7 +14,7 @@ def cmd_plot(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from anyfit.model.export import export  # start-up time: torch, transformers, gguf
+    from anyfit.export.folder import export  # start-up time: torch, transformers, gguf
 
     # The command as it would be typed again, recorded in the model card.
     words = ["anyfit", "export", args.run]

@@ -1,0 +1,147 @@
+"""The exported folder's model card (README.md): front matter for the Hub, then what the model is, its GGUF
+files, what it was trained on and how, its results, how to use it and how it was made."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyfit
+from anyfit.export.request import ExportRequest
+from anyfit.export.result import ExportResult
+from anyfit.export.run_files import RunFiles
+from anyfit.hardware.runtime import versions
+from anyfit.hub import is_hub_dataset_id, is_hub_id
+
+
+def model_card(req: ExportRequest, result: ExportResult, parameters: int, command: str | None) -> str:
+    """README.md: front matter for the Hub, then what the model is, what it was trained on and how."""
+    cfg = req.run_files.config
+    base = cfg.model.name_or_path if cfg is not None else (req.location.base if req.location.adapter else None)
+    data_source = cfg.data.path if cfg is not None else None
+    front = ["---", "library_name: transformers", "pipeline_tag: text-generation"]
+    if base and is_hub_id(base):
+        front.append(f"base_model: {base}")
+    if data_source and is_hub_dataset_id(data_source):
+        front += ["datasets:", f"- {data_source}"]
+    tags = ["anyfit"]
+    if cfg is not None:
+        tags += ["sft", "lora" if cfg.lora.enabled or cfg.lora.qlora else "full-fine-tune"]
+    if result.gguf:
+        tags.append("gguf")
+    front += ["tags:", *[f"- {t}" for t in tags], "---", ""]
+
+    lines = [f"# {req.out.name}", ""]
+    if cfg is not None:
+        method = (f"LoRA (r={cfg.lora.r}, alpha={cfg.lora.alpha}, targets {cfg.lora.target_modules}"
+                  f"{', QLoRA' if cfg.lora.qlora else ''}), merged into the base weights"
+                  if cfg.lora.enabled or cfg.lora.qlora else "full fine-tuning")
+        lines += [f"A supervised fine-tune of `{base}` made with anyfit ({method}).", ""]
+    else:
+        lines += [f"`{req.run}` exported with anyfit.", ""]
+    lines += ["## Model", ""]
+    if base:
+        revision = f" (revision `{cfg.model.revision}`)" if cfg is not None and cfg.model.revision else ""
+        lines.append(f"- Base model: `{base}`{revision}")
+    lines.append(f"- Weights: {result.dtype} safetensors, {parameters / 1e6:.1f}M parameters")
+    lines.append("")
+    lines += _gguf_section(result)
+    if cfg is not None:
+        lines += _data_section(cfg, req.run_files.run_info)
+        lines += _training_section(cfg, req.run_files)
+    lines += _results_section(req.run_files, req.eval_summary)
+    lines += _usage_section(req.out.name, cfg)
+    lines += ["## How this was made", "", "```", command or f"anyfit.export.folder.export({str(req.run)!r})", "```",
+              ""]
+    v = versions()
+    made_with = f"anyfit {anyfit.__version__}, transformers {v['transformers']}, torch {v['torch']}, peft {v['peft']}."
+    lines += [made_with, ""]
+    return "\n".join(front + lines)
+
+
+def _gguf_section(result: ExportResult) -> list[str]:
+    if not result.gguf:
+        return []
+    prompts = next(iter(result.agreement.values())).prompts
+    intro = ("For llama.cpp and the tools built on it (e.g. `llama-cli -m FILE.gguf`). Each file was read back with "
+             "transformers: it holds exactly the merged model with its weights rounded to the file's types, and the "
+             f"columns say how far that rounding moves it from the merged model on {prompts} check prompts.")
+    lines = ["## GGUF", "", intro, "",
+             "| file | type | size | max logit change | share of logit spread | same top token | same greedy text |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for qtype, path in result.gguf.items():
+        a = result.agreement[qtype]
+        lines.append(f"| `{path.name}` | {qtype} | {path.stat().st_size / 2**20:.1f} MiB | {a.max_abs_diff:.3g} | "
+                     f"{a.max_rel_diff:.1%} | {a.top1_agreement:.1%} | {a.greedy_match}/{a.prompts} |")
+    return lines + [""]
+
+
+def _data_section(cfg, run_info: dict[str, Any]) -> list[str]:
+    d = cfg.data
+    source = f"`{d.path}`" + (f" (subset `{d.subset}`)" if d.subset else "") + f", split `{d.split}`"
+    lines = ["## Data", "", f"- Source: {source}" + (f", at most {d.num_samples} examples" if d.num_samples else "")]
+    report = run_info.get("data") or {}
+    if report.get("kept"):
+        lines.append(f"- Examples: {report['kept']} kept of {report.get('loaded', report['kept'])} loaded, "
+                     f"{report.get('trainable_tokens', 0):,} trained tokens")
+    lines.append(f"- Format: {d.format}; template: `{d.template}`" + (f"; system prompt: {d.system_prompt!r}"
+                                                                      if d.system_prompt else ""))
+    lines.append(f"- Loss on: {d.train_on} tokens; max length {d.max_length} ({d.overlong})")
+    if d.template != "chat":
+        lines.append(f"- Prompts were laid out with the `{d.template}` template, not the chat template: give the "
+                     "model prompts in that layout (`anyfit generate --model` on this folder does it: the run's "
+                     "config.yaml is kept here).")
+    return lines + [""]
+
+
+def _training_section(cfg, run_files: RunFiles) -> list[str]:
+    t = cfg.train
+    steps = run_files.run_info.get("steps")
+    lines = ["## Training", "", "| setting | value |", "| --- | --- |"]
+    rows = [("method", "LoRA" if cfg.lora.enabled or cfg.lora.qlora else "full fine-tuning"),
+            ("optimizer steps", steps if steps is not None else t.max_steps or f"{t.epochs} epochs"),
+            ("effective batch", t.effective_batch), ("learning rate", f"{t.learning_rate:g} ({t.lr_schedule})"),
+            ("optimizer", t.optimizer), ("packing", t.packing), ("seed", t.seed)]
+    policy = run_files.run_info.get("policy") or {}
+    if policy:
+        rows.append(("device / precision", f"{policy.get('device')} / {policy.get('precision')}"))
+    lines += [f"| {k} | {v} |" for k, v in rows]
+    config_text = run_files.config_path.read_text() if run_files.config_path else cfg.to_yaml()
+    lines += ["", "<details><summary>Full training config (config.yaml)</summary>", "", "```yaml",
+              config_text.rstrip(), "```", "", "</details>", ""]
+    return lines
+
+
+def _results_section(run_files: RunFiles, summary: dict[str, Any] | None) -> list[str]:
+    final = run_files.final_metrics()
+    if not final and not summary:
+        return []
+    lines = ["## Results", ""]
+    names = {"loss": "Final training loss", "val_loss": "Validation loss", "gen_accuracy": "Generation accuracy"}
+    for key, label in names.items():
+        if key in final:
+            step, value = final[key]
+            shown = f"{value:.1%}" if key == "gen_accuracy" else f"{value:.4f}"
+            lines.append(f"- {label} (step {step}): {shown}")
+    if summary:
+        lines += ["", f"Evaluation (`anyfit eval`{', ' + summary['model'] if summary.get('model') else ''}):", "",
+                  "| metric | value |", "| --- | --- |"]
+        for key in ("accuracy", "accuracy_with_fallback", "format_rate", "fallback_rate", "no_answer_rate",
+                    "mean_completion_tokens", "n"):
+            value = summary.get(key)
+            if isinstance(value, float) and key != "mean_completion_tokens":
+                value = f"{value:.1%}"
+            elif isinstance(value, float):
+                value = f"{value:.1f}"
+            if value is not None:
+                lines.append(f"| {key} | {value} |")
+    return lines + [""]
+
+
+def _usage_section(name: str, cfg) -> list[str]:
+    chat = cfg is None or cfg.data.template == "chat"
+    prompt = ('tok.apply_chat_template([{"role": "user", "content": "Hello!"}], add_generation_prompt=True, '
+              'return_tensors="pt", return_dict=True)' if chat else 'tok("YOUR PROMPT", return_tensors="pt")')
+    return ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+            f'model = AutoModelForCausalLM.from_pretrained("{name}")', f'tok = AutoTokenizer.from_pretrained("{name}")',
+            f"inputs = {prompt}", "out = model.generate(**inputs, max_new_tokens=128)",
+            'print(tok.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))', "```", ""]

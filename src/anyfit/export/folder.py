@@ -1,0 +1,95 @@
+"""``anyfit export``: the checked request (``request``) made into a standalone model folder, then pushed.
+
+The model is loaded with a LoRA adapter merged into its base and written in one dtype with its tokenizer, the
+run's config.yaml and a model card (``card``); each GGUF file asked is written (``gguf_writer``) and loaded back
+and compared with the merged model (``gguf_check``) before the export counts as done; the folder is then
+uploaded if asked (``push``).
+
+The folder is written under a temporary name next to ``out`` and renamed at the end, so a failed or
+interrupted export never leaves something that looks finished.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from anyfit.export.card import model_card
+from anyfit.export.errors import ExportError
+from anyfit.export.gguf_check import check_gguf, reference_outputs
+from anyfit.export.gguf_writer import write_gguf
+from anyfit.export.push import push_folder
+from anyfit.export.request import DTYPES, ExportRequest, check_request
+from anyfit.export.result import ExportResult
+from anyfit.model.loading import load_for_inference
+from anyfit.runfolder import RUN_CONFIG
+
+
+def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None = None,
+           gguf: str | list[str] | tuple[str, ...] = (), push: str | None = None, private: bool = False,
+           overwrite: bool = False, eval_summary: str | Path | None = None, command: str | None = None,
+           api=None, echo=print) -> ExportResult:
+    """Export ``run`` (a training output folder, a checkpoint or any model folder) to ``out``.
+
+    ``dtype``: bf16, fp16 or fp32 (default: the base model's recorded dtype, else bf16). ``gguf``: GGUF
+    types to write next to the weights (``GGUF_TYPES``), each checked by ``check_gguf``. ``push``: a Hub
+    repository to upload the folder to (``private`` creates it private); ``api`` is the
+    ``huggingface_hub.HfApi`` to use (default: one with the token of the environment or ``hf auth login``).
+    ``eval_summary``: an ``anyfit eval`` summary.json to report in the model card. ``command``: the command
+    line to record in the card. Every input is checked before any weights load (``check_request``).
+    """
+    req = check_request(run, out, dtype=dtype, gguf=gguf, push=push, overwrite=overwrite,
+                        eval_summary=eval_summary, api=api)
+    echo(f"[anyfit] export: {req.run} -> {req.out} ({req.dtype}: {req.dtype_reason})")
+    req.out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.", suffix=".partial", dir=req.out.parent))
+    try:
+        result = _export_into(req, tmp, command, echo)
+        if req.out.exists():  # only reached with overwrite (checked in check_request)
+            shutil.rmtree(req.out)
+        tmp.rename(req.out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    result.out = req.out
+    result.gguf = {t: req.out / p.name for t, p in result.gguf.items()}
+    echo(f"[anyfit] export: wrote {req.out}")
+    if req.push:
+        result.pushed = push_folder(req.out, req.push, private=private, api=api, echo=echo)
+    return result
+
+
+def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) -> ExportResult:
+    # Loaded in the export dtype, not fp32 then cast: PEFT computes the LoRA delta in fp32 on the CPU and
+    # adds it once, and a 7B model in fp32 would need twice the memory of the bf16 one.
+    model, tokenizer = load_for_inference(req.run, device="cpu", dtype=DTYPES[req.dtype], merge_lora=True)
+    result = ExportResult(req.out, req.dtype, merged_adapter=req.location.adapter is not None)
+    if result.merged_adapter:
+        echo(f"[anyfit] export: merged the LoRA adapter into {req.location.base}")
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    if req.run_files.config_path is not None:  # anyfit eval/generate then lay prompts out as in training
+        shutil.copyfile(req.run_files.config_path, folder / RUN_CONFIG)
+    parameters = sum(p.numel() for p in model.parameters())
+    if req.gguf_types:
+        reference = reference_outputs(model.to(torch.float32), tokenizer)  # bf16/fp16 widen exactly
+        del model
+        for qtype in req.gguf_types:
+            path = folder / f"{req.out.name}-{qtype.upper()}.gguf"
+            write_gguf(folder, path, qtype, name=req.out.name, echo=echo)
+            agreement = check_gguf(path, folder, tokenizer, reference, qtype)
+            echo(f"[anyfit] export: GGUF {agreement.describe()}")
+            if not agreement.ok:
+                raise ExportError(f"the {qtype} GGUF file does not hold the merged model: {agreement.describe()}. "
+                                  "The export was not kept; the conversion is wrong for this model (please report "
+                                  "it with the model's config.json).")
+            if agreement.greedy_match < agreement.prompts / 2:
+                echo(f"[anyfit] export: warning: {qtype} rounding changes this model's greedy output on "
+                     f"{agreement.prompts - agreement.greedy_match} of {agreement.prompts} check prompts; a wider "
+                     "type (q8_0, f16) stays closer to it.")
+            result.gguf[qtype], result.agreement[qtype] = path, agreement
+    (folder / "README.md").write_text(model_card(req, result, parameters, command), encoding="utf-8")
+    return result
