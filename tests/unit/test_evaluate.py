@@ -5,12 +5,12 @@ import torch
 
 from anyfit.cli import main
 from anyfit.config import DataConfig
+from anyfit.data.answers import example_gold
 from anyfit.data.sources import DataError
 from anyfit.data.tokenization import prompt_token_ids
 from anyfit.evaluation.evaluate import (
     default_params,
     evaluate,
-    example_gold,
     generation_eval,
     load_eval_examples,
     score_completions,

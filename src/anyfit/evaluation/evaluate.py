@@ -4,7 +4,8 @@ The pieces, each usable alone:
 
 - ``load_eval_examples(cfg)``: the examples, read by the training data pipeline (same ``data.*`` keys);
 - prompts: ``anyfit.data.tokenization.prompt_token_ids``, the exact ids the model saw in training;
-- gold answers: ``example_gold`` (an ``answer`` field, GSM8K's ``#### N``, or MATH's last ``\\boxed{}``);
+- gold answers: ``anyfit.data.answers.example_gold`` (an ``answer`` field, GSM8K's ``#### N``, or MATH's last
+  ``\\boxed{}``), the same answer the r1_zero template trains on;
 - ``score_completions`` and ``summarize``: pure functions from completions to per-example rows and metrics;
 - ``run_eval(backend, examples, cfg, params)``: generate, then score;
 - ``evaluate(model, data, ...)``: load a model or output folder, run, write ``predictions.jsonl`` and
@@ -28,14 +29,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from anyfit.evaluation.answers import AnswerStyle, extract_answer, gold_answer
 from anyfit.config import DataConfig
-from anyfit.data.sources import DataError, load_records
+from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, detect_format, to_examples
-from anyfit.evaluation.grading import grade
-from anyfit.evaluation.inference import BatchSize, Completion, GenerationParams, InferenceBackend, TransformersBackend, make_backend
-from anyfit.data.templates import reference_answer
+from anyfit.data.sources import DataError, load_records
 from anyfit.data.tokenization import prompt_token_ids
+from anyfit.evaluation.answers import AnswerStyle, extract_answer
+from anyfit.evaluation.grading import grade
+from anyfit.evaluation.inference import (
+    BatchSize,
+    Completion,
+    GenerationParams,
+    InferenceBackend,
+    TransformersBackend,
+    make_backend,
+)
 
 STRUCTURED = ("boxed", "answer_tag", "gsm8k")
 
@@ -74,12 +82,6 @@ def load_eval_examples(cfg: DataConfig) -> list[Example]:
         if fmt == "prompt_completion":
             records = [{**r, completion_col: ""} for r in records]
     return to_examples(records, cfg)
-
-
-def example_gold(example: Example) -> str | None:
-    """The gold answer: the ``answer`` field (its ``#### N`` or ``\\boxed{}`` if it is a whole solution),
-    else the reference solution's ``#### N`` (GSM8K) or last ``\\boxed{}`` (MATH)."""
-    return gold_answer(reference_answer(example), example.solution)
 
 
 def score_completions(completions: Sequence[Completion | str], golds: Sequence[str | None], style: AnswerStyle,
