@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from anyfit.config import DataConfig
+from anyfit.config import Config, DataConfig, EvalConfig
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import to_examples
 from anyfit.data.tokenization import IGNORE_INDEX, tokenize_dataset
@@ -68,8 +68,8 @@ def test_r1_zero_trains_on_the_answer_eval_grades_against(case, qwen_tokenizer, 
     (between_tags,) = re.findall(r"<answer> (.*?) </answer>", trained, re.DOTALL)
 
     completion = trained.removesuffix("<|im_end|>")
-    summary = evaluate(Parrot(qwen_tokenizer, [completion]), cfg, out_dir=tmp_path / "eval", max_new_tokens=8,
-                       echo=lambda *a: None)
+    summary = evaluate(Parrot(qwen_tokenizer, [completion]), Config(data=cfg, eval=EvalConfig(max_new_tokens=8)),
+                       out_dir=tmp_path / "eval", echo=lambda *a: None)
     (prediction,) = [json.loads(x) for x in (tmp_path / "eval" / "predictions.jsonl").read_text().splitlines()]
     assert prediction["gold"] == between_tags == gold
     assert (prediction["extracted"], prediction["how"], prediction["correct"]) == (gold, "answer_tag", True)
