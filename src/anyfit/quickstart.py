@@ -40,7 +40,7 @@ def quickstart_config(model_dir: Path, data_path: Path, output_dir: Path, overri
 
 def _score(model, tokenizer, examples, cfg: Config) -> tuple[list[dict], dict]:
     backend = TransformersBackend(model, tokenizer, batch_size=len(examples))
-    return run_eval(backend, examples, cfg.data, default_params(cfg.data, MAX_NEW_TOKENS))
+    return run_eval(backend, examples, cfg.data, default_params(cfg, max_new_tokens=MAX_NEW_TOKENS))
 
 
 def _show(title: str, rows: list[dict], summary: dict, n: int = 3) -> None:

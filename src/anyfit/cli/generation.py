@@ -49,16 +49,20 @@ def read_prompts(path: str) -> list[str]:
     return prompts
 
 
-def generation_args(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help="Longest completion, in tokens.")
+def generation_args(p: argparse.ArgumentParser, max_new_tokens: int | None) -> None:
+    """``max_new_tokens=None`` (anyfit eval): --max-new-tokens and --batch-size default to the config's eval.* keys."""
+    from_config = max_new_tokens is None
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens,
+                   help="Longest completion, in tokens" + (" (default: eval.max_new_tokens)." if from_config else "."))
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy; above 0 samples.")
     p.add_argument("--top-p", type=float, default=1.0, help="Nucleus sampling mass (with --temperature > 0).")
     p.add_argument("--seed", type=int, default=0, help="Seed for sampling (the same seed gives the same samples).")
     p.add_argument("--stop", action="append", default=[], help="Stop string (repeatable): the text is cut there.")
     p.add_argument("--backend", choices=("auto", "vllm", "transformers"), default="auto",
                    help="auto: vLLM on CUDA when it is installed, else transformers.")
-    p.add_argument("--batch-size", type=batch_size_arg, default="auto",
-                   help="Prompts per generation batch (transformers backend): a number, or auto (from free memory).")
+    p.add_argument("--batch-size", type=batch_size_arg, default=None if from_config else "auto",
+                   help="Prompts per generation batch (transformers backend): a number, or auto (from free memory)"
+                   + (" (default: eval.batch_size)." if from_config else "."))
     p.add_argument("--merge-lora", action="store_true",
                    help="Merge a LoRA adapter into the base weights before generating.")
 
@@ -108,14 +112,20 @@ def cmd_eval(args) -> int:
         cfg.data.path, cfg.data.split = cfg.eval.path or cfg.data.path, cfg.eval.split or cfg.data.split
         cfg.data.num_samples = None
         print(f"[anyfit] eval: on the run's held-out data: data.path={cfg.data.path} data.split={cfg.data.split}")
-    from anyfit.evaluation.evaluate import evaluate  # start-up time: torch, transformers, math-verify
+    # A flag given on the command line wins; else the config's eval.max_new_tokens / eval.batch_size.
+    if args.max_new_tokens is not None:
+        cfg.eval.max_new_tokens = args.max_new_tokens
+    if args.batch_size is not None:
+        cfg.eval.batch_size = args.batch_size
+    # start-up time: torch, transformers, math-verify
+    from anyfit.evaluation.evaluate import default_params, evaluate
+    from anyfit.evaluation.inference import BackendSettings
 
     name = Path(model).name if Path(model).exists() else model.replace("/", "__")  # hub ids: one folder level
     out = args.out or str(Path("runs") / "eval" / name)
-    evaluate(model, cfg.data, out_dir=out, max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-             backend=args.backend, device=cfg.runtime.device, temperature=args.temperature, top_p=args.top_p,
-             seed=args.seed, stop=args.stop, merge_lora=args.merge_lora, tokenizer=cfg.model.tokenizer,
-             trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
+    params = default_params(cfg, temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop)
+    backend = BackendSettings.from_config(cfg, backend=args.backend, merge_lora=args.merge_lora, seed=args.seed)
+    evaluate(model, cfg, params, backend, out_dir=out)
     return 0
 
 
@@ -135,5 +145,5 @@ def register(sub) -> None:
     config_args(p)
     p.add_argument("--model", help="Hub id, model folder, or a training output folder (default: model.name_or_path).")
     p.add_argument("--out", help="Folder for predictions.jsonl and summary.json (default: runs/eval/<model name>).")
-    generation_args(p, max_new_tokens=1024)
+    generation_args(p, max_new_tokens=None)  # --max-new-tokens, --batch-size: the config's eval.* by default
     p.set_defaults(func=cmd_eval)

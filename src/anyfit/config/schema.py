@@ -153,8 +153,10 @@ class EvalConfig:
     generate_before: bool = _f(False, "Generation accuracy before the first step (the base model's score).")
     generate_at_end: bool = _f(False, "Generation accuracy after the last step.")
     num_generate: int = _f(64, "Held-out examples used for generation accuracy.")
-    max_new_tokens: int = _f(256, "Longest generated answer in the generation eval.")
-    batch_size: int | Literal["auto"] = _f("auto", "Generation batch size; auto sizes it from free memory and the KV cache.")
+    max_new_tokens: int = _f(256, "Longest generated answer in the generation eval, and in anyfit eval unless "
+                             "--max-new-tokens is given.")
+    batch_size: int | Literal["auto"] = _f("auto", "Generation batch size (also anyfit eval's, unless --batch-size is "
+                                           "given); auto sizes it from free memory and the KV cache.")
 
 
 @dataclass
@@ -232,6 +234,7 @@ def validate(cfg: Config) -> None:
         ("data.max_length", cfg.data.max_length, 2),
         ("model.checkpoint_every", cfg.model.checkpoint_every, 1),
         ("lora.r", cfg.lora.r, 1),
+        ("eval.max_new_tokens", cfg.eval.max_new_tokens, 1),
     ]:
         if value < low:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")

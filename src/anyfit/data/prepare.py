@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 
 from anyfit.config import Config, ConfigError
+from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.sources import load_records
 from anyfit.data.tokenization import DataReport, TokenizedExample, tokenize_dataset
@@ -44,8 +45,6 @@ def split_eval_records(cfg: Config, records: list[dict]) -> tuple[list[dict], li
 def prepare_training_data(cfg: Config, tokenizer) -> TrainingData:
     """Load, split, normalise and tokenize; checks now (not after hours of training) that generation
     accuracy, when asked for, has gold answers to compare with."""
-    from anyfit.evaluation.evaluate import example_gold
-
     train_records, eval_records = split_eval_records(cfg, load_records(cfg.data))
     examples, report = tokenize_dataset(train_records, tokenizer, cfg.data)
     data = TrainingData(examples, report)

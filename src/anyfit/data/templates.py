@@ -9,8 +9,9 @@ r"""Templates: how an ``Example`` is laid out as text, and which part of it carr
 - ``trl``: the records as TRL's ``SFTTrainer`` tokenizes them (its default settings; ``data.train_on`` picks its
   completion-only / assistant-only loss), for results comparable token for token (see below);
 - ``r1_zero``: the R1-Zero prompt used for Qwen2.5-Math SFT on MATH; the completion becomes
-  ``{solution} </think> <answer> {answer} </answer>`` with the answer from the ``answer`` field or the
-  solution's last ``\boxed{...}``;
+  ``{solution} </think> <answer> {answer} </answer>`` with the example's gold answer
+  (``anyfit.data.answers.example_gold``: the ``answer`` field, else the solution's ``#### N`` or last
+  ``\boxed{...}``), the very answer ``anyfit eval`` grades against;
 - any string containing ``{prompt}`` (the completion follows the filled-in string directly).
 
 For all but ``trl`` the result is a ``Rendering``: text segments that ``anyfit.data.tokenization`` tokenizes
@@ -49,9 +50,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
 from anyfit.config import DataConfig
+from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, Message
 from anyfit.data.sources import DataError
-from anyfit.evaluation.answers import extract_boxed
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -71,7 +72,8 @@ _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
 
 class MissingAnswer(DataError):
-    """An r1_zero example with neither an ``answer`` field nor a ``\\boxed{}`` answer (dropped and counted)."""
+    """An r1_zero example without a gold answer: no ``answer`` field, and no ``#### N`` or ``\\boxed{}`` in its
+    solution (dropped and counted)."""
 
 
 @dataclass(frozen=True)
@@ -127,10 +129,10 @@ def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig
         return Rendering(_chat_segments(messages, trained_turns, tokenizer, example), add_special_tokens=False)
     prompt, completion = _single_turn(example, cfg)
     if cfg.template == "r1_zero":
-        answer = reference_answer(example)
+        answer = example_gold(example)
         if answer is None:
             raise MissingAnswer(f"{example.place}: r1_zero needs an answer, but there is no 'answer' field and the "
-                                "completion has no \\boxed{...}; map one with data.fields: {answer: ...}.")
+                                "completion has no '#### N' or \\boxed{...}; map one with data.fields: {answer: ...}.")
         completion = R1_ZERO_COMPLETION.format(solution=completion.strip(), answer=answer)
     return Rendering([Segment(_text_prompt(prompt, cfg), trained=False), Segment(completion, trained=True)],
                      add_special_tokens=True)
@@ -158,14 +160,6 @@ def uses_chat_template(example: Example, cfg: DataConfig) -> bool:
     """Whether the example is rendered by the tokenizer's chat template (which writes its own BOS)."""
     conversational = example.kind == "messages" or isinstance(example.prompt, list)
     return cfg.template == "chat" or (cfg.template == "trl" and conversational)
-
-
-def reference_answer(example: Example) -> str | None:
-    r"""The short answer of an example: its ``answer`` field, else the solution's last ``\boxed{...}``."""
-    if example.answer is not None and example.answer.strip():
-        return example.answer.strip()
-    solution = example.solution
-    return extract_boxed(solution) if solution else None
 
 
 def generation_template(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -81,7 +81,7 @@ class DataReport:
                          f"data.max_length={self.length_limit} (the prompt fills it).")
         if self.dropped_no_answer:
             parts.append(f"{self.dropped_no_answer} were dropped for lack of an answer (no 'answer' field, no "
-                         "\\boxed{}) for the r1_zero template.")
+                         "'#### N' or \\boxed{}) for the r1_zero template.")
         if self.kept:
             share = 100.0 * self.trainable_tokens / max(self.total_tokens, 1)
             parts.append(f"{self.total_tokens:,} tokens, {self.trainable_tokens:,} trained on ({share:.0f}%); "
@@ -326,5 +326,5 @@ def _nothing_left(report: DataReport) -> str:
                        f"{report.length_limit} (the prompt alone fills it: raise data.max_length)")
     if report.dropped_no_answer:
         reasons.append(f"{report.dropped_no_answer} without an answer for r1_zero (map data.fields: {{answer: ...}} "
-                       "or use solutions with \\boxed{})")
+                       "or use solutions ending in '#### N' or \\boxed{})")
     return (f"No training examples left out of {report.loaded}: " + "; ".join(reasons) + ".")

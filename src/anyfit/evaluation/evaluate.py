@@ -4,12 +4,14 @@ The pieces, each usable alone:
 
 - ``load_eval_examples(cfg)``: the examples, read by the training data pipeline (same ``data.*`` keys);
 - prompts: ``anyfit.data.tokenization.prompt_token_ids``, the exact ids the model saw in training;
-- gold answers: ``example_gold`` (an ``answer`` field, GSM8K's ``#### N``, or MATH's last ``\\boxed{}``);
+- gold answers: ``anyfit.data.answers.example_gold`` (an ``answer`` field, GSM8K's ``#### N``, or MATH's last
+  ``\\boxed{}``), the same answer the r1_zero template trains on;
 - ``score_completions`` and ``summarize``: pure functions from completions to per-example rows and metrics;
-- ``run_eval(backend, examples, cfg, params)``: generate, then score;
-- ``evaluate(model, data, ...)``: load a model or output folder, run, write ``predictions.jsonl`` and
-  ``summary.json``; ``generation_eval(model, tokenizer, ...)`` does the same on a model already in memory
-  (e.g. from inside the training loop), writing nothing.
+- ``run_eval(backend, examples, data, params)``: generate, then score;
+- ``evaluate(model, cfg, params, backend)``: load a model or output folder, run, write ``predictions.jsonl``
+  and ``summary.json``; ``generation_eval(model, tokenizer, examples, cfg)`` does the same on a model already
+  in memory (e.g. from inside the training loop), writing nothing. Both decode as ``default_params(cfg)``
+  says (``eval.max_new_tokens``) and batch ``eval.batch_size`` prompts unless told otherwise.
 
 Metrics. ``accuracy`` counts answers found in an answer form (``\\boxed{}``, ``<answer>``, ``#### N``) and
 graded equal to the gold one. ``format_rate`` is the share whose answer is in the form the template asks
@@ -28,14 +30,20 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from anyfit.evaluation.answers import AnswerStyle, extract_answer, gold_answer
-from anyfit.config import DataConfig
-from anyfit.data.sources import DataError, load_records
+from anyfit.config import Config, DataConfig
+from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, detect_format, to_examples
-from anyfit.evaluation.grading import grade
-from anyfit.evaluation.inference import BatchSize, Completion, GenerationParams, InferenceBackend, TransformersBackend, make_backend
-from anyfit.data.templates import reference_answer
+from anyfit.data.sources import DataError, load_records
 from anyfit.data.tokenization import prompt_token_ids
+from anyfit.evaluation.answers import AnswerStyle, extract_answer
+from anyfit.evaluation.grading import grade
+from anyfit.evaluation.inference import (
+    BackendSettings,
+    Completion,
+    GenerationParams,
+    InferenceBackend,
+    TransformersBackend,
+)
 
 STRUCTURED = ("boxed", "answer_tag", "gsm8k")
 
@@ -45,15 +53,21 @@ def answer_style(template: str) -> AnswerStyle:
     return "answer_tag" if template == "r1_zero" else "boxed"
 
 
-def default_params(cfg: DataConfig, max_new_tokens: int = 1024, **overrides: Any) -> GenerationParams:
-    """Greedy decoding; r1_zero stops after ``</answer>`` (kept, so the tag is complete), as in its paper's eval."""
+def default_params(cfg: Config, **overrides: Any) -> GenerationParams:
+    """How an evaluation decodes: greedy, at most ``eval.max_new_tokens`` tokens; r1_zero stops after
+    ``</answer>`` (kept, so the tag is complete), as in its paper's eval. ``overrides``: other
+    ``GenerationParams`` values (temperature, top_p, seed, stop, max_new_tokens); the seed is kept only when
+    sampling (greedy decoding has no use for one)."""
+    overrides.setdefault("max_new_tokens", cfg.eval.max_new_tokens)
     stop = tuple(overrides.pop("stop", ()) or ())
     include_stop = overrides.pop("include_stop", False)
-    if cfg.template == "r1_zero":
+    if cfg.data.template == "r1_zero":
         if "</answer>" not in stop:
             stop = (*stop, "</answer>")
         include_stop = True
-    return GenerationParams(max_new_tokens=max_new_tokens, stop=stop, include_stop=include_stop, **overrides)
+    if overrides.get("temperature", 0.0) == 0:
+        overrides["seed"] = None
+    return GenerationParams(stop=stop, include_stop=include_stop, **overrides)
 
 
 def load_eval_examples(cfg: DataConfig) -> list[Example]:
@@ -74,12 +88,6 @@ def load_eval_examples(cfg: DataConfig) -> list[Example]:
         if fmt == "prompt_completion":
             records = [{**r, completion_col: ""} for r in records]
     return to_examples(records, cfg)
-
-
-def example_gold(example: Example) -> str | None:
-    """The gold answer: the ``answer`` field (its ``#### N`` or ``\\boxed{}`` if it is a whole solution),
-    else the reference solution's ``#### N`` (GSM8K) or last ``\\boxed{}`` (MATH)."""
-    return gold_answer(reference_answer(example), example.solution)
 
 
 def score_completions(completions: Sequence[Completion | str], golds: Sequence[str | None], style: AnswerStyle,
@@ -157,9 +165,9 @@ def run_eval(backend: InferenceBackend, examples: Sequence[Example], cfg: DataCo
     return rows, summary
 
 
-def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: DataConfig, max_new_tokens: int = 512,
-                    batch_size: BatchSize = "auto") -> dict[str, Any]:
+def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config) -> dict[str, Any]:
     """Greedy-generation metrics of a model already in memory (no reload): the call for a training loop.
+    Prompts laid out by ``cfg.data``, ``eval.max_new_tokens`` and ``eval.batch_size`` from ``cfg.eval``.
 
     Runs under ``torch.inference_mode`` in eval mode and restores the training mode; the RNG is untouched.
     Call it between optimizer steps (not inside an accumulation window).
@@ -168,8 +176,8 @@ def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: DataConf
 
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module  # generate() lives on the wrapped model; each process evaluates its own copy
-    backend = TransformersBackend(model, tokenizer, batch_size=batch_size)
-    _, summary = run_eval(backend, examples, cfg, default_params(cfg, max_new_tokens))
+    backend = TransformersBackend(model, tokenizer, batch_size=cfg.eval.batch_size)
+    _, summary = run_eval(backend, examples, cfg.data, default_params(cfg))
     return summary
 
 
@@ -185,30 +193,29 @@ def write_results(out_dir: str | Path, rows: Sequence[dict], summary: dict[str, 
     return predictions, summary_file
 
 
-def evaluate(model: str | Path | InferenceBackend, data: DataConfig, *, out_dir: str | Path | None = None,
-             max_new_tokens: int = 1024, batch_size: BatchSize = "auto", backend: str = "auto", device: str = "auto",
-             temperature: float = 0.0, top_p: float = 1.0, seed: int | None = 0, stop: Sequence[str] = (),
-             dtype: str = "auto", merge_lora: bool = False, tokenizer: str | None = None,
-             trust_remote_code: bool = False, revision: str | None = None, echo=print) -> dict[str, Any]:
-    """Evaluate ``model`` (hub id, folder, training or LoRA output folder, or a ready back end) on ``data``.
+def evaluate(model: str | Path | InferenceBackend, cfg: Config, params: GenerationParams | None = None,
+             backend: BackendSettings | None = None, *, out_dir: str | Path | None = None,
+             echo=print) -> dict[str, Any]:
+    """Evaluate ``model`` (hub id, folder, training or LoRA output folder, or a ready back end) on ``cfg.data``.
 
+    ``params``: how to decode (default ``default_params(cfg)``: greedy, ``eval.max_new_tokens``);
+    ``backend``: how a model given by name is loaded (default ``BackendSettings.from_config(cfg)``:
+    ``runtime.device``, ``eval.batch_size``, ``model.tokenizer`` / ``trust_remote_code`` / ``revision``).
     Writes ``predictions.jsonl`` and ``summary.json`` to ``out_dir`` when given; returns the summary.
     """
+    data = cfg.data
+    params = default_params(cfg) if params is None else params
     examples = load_eval_examples(data)
     if isinstance(model, InferenceBackend):
         engine, model_name = model, getattr(model, "name", "backend")
     else:
-        engine = make_backend(model, backend, device, batch_size, dtype=dtype, merge_lora=merge_lora,
-                              tokenizer=tokenizer, trust_remote_code=trust_remote_code, revision=revision,
-                              seed=seed or 0)
-        model_name = str(model)
-    params = default_params(data, max_new_tokens, temperature=temperature, top_p=top_p,
-                            seed=None if temperature == 0 else seed, stop=tuple(stop))
+        engine, model_name = (backend or BackendSettings.from_config(cfg)).load(model), str(model)
     echo(f"[anyfit] eval: {len(examples)} examples from {data.path} ({data.split}), template {data.template}, "
-         f"backend {engine.name}, {'greedy' if params.greedy else f'temperature {temperature}'}, "
-         f"max_new_tokens {max_new_tokens}")
+         f"backend {engine.name}, {'greedy' if params.greedy else f'temperature {params.temperature}'}, "
+         f"max_new_tokens {params.max_new_tokens}")
     rows, summary = run_eval(engine, examples, data, params)
     summary = {**summary, "model": model_name, "backend": engine.name,
+               "batch_size": getattr(engine, "batch_size", None),  # None: the back end batches on its own (vLLM)
                "data": {"path": data.path, "subset": data.subset, "split": data.split, "template": data.template,
                         "fields": dict(data.fields), "system_prompt": data.system_prompt},
                "params": {**asdict(params), "stop": list(params.stop)}}

@@ -35,7 +35,7 @@ import re
 import threading
 from decimal import Decimal
 
-from anyfit.evaluation.answers import plain_number, split_unit
+from anyfit.data.answers import plain_number, split_unit
 
 _WRAPPERS = (("$", "$"), ("\\(", "\\)"), ("\\[", "\\]"))
 # \text{...} and its kin: prose (or a unit) inside math.

@@ -24,14 +24,14 @@ import json
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, runtime_checkable
 
 import torch
 from tqdm.auto import tqdm
 
-from anyfit.config import ConfigError, DataConfig
+from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data.formats import Example
 from anyfit.data.tokenization import prompt_token_ids
 from anyfit.hardware.memory import free_bytes, is_oom, release_cached
@@ -79,6 +79,35 @@ class GenerationParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class BackendSettings:
+    """How ``make_backend`` loads a model for generation: which back end (``auto``, ``vllm``, ``transformers``),
+    on which device and in which dtype, how many prompts per batch (transformers back end), whether a LoRA
+    adapter is merged first, where the tokenizer and weights come from, and the sampling seed of the engine."""
+
+    backend: str = "auto"
+    device: str = "auto"
+    batch_size: BatchSize = "auto"
+    dtype: str = "auto"
+    merge_lora: bool = False
+    tokenizer: str | None = None
+    trust_remote_code: bool = False
+    revision: str | None = None
+    seed: int = 0
+
+    @classmethod
+    def from_config(cls, cfg: Config, **choices) -> BackendSettings:
+        """The settings a config gives (``runtime.device``, ``eval.batch_size``, ``model.tokenizer``,
+        ``model.trust_remote_code``, ``model.revision``); ``choices`` set the others (backend, dtype,
+        merge_lora, seed) or replace these."""
+        return cls(**{"device": cfg.runtime.device, "batch_size": cfg.eval.batch_size, "tokenizer": cfg.model.tokenizer,
+                      "trust_remote_code": cfg.model.trust_remote_code, "revision": cfg.model.revision, **choices})
+
+    def load(self, model: str | Path) -> InferenceBackend:
+        """``model`` (hub id, folder, training or LoRA output folder) in the back end these settings pick."""
+        return make_backend(model, **asdict(self))
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,7 @@ class InTrainingEval:
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
                 summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer, self.data.gen_examples,
-                                          self.cfg.data, self.cfg.eval.max_new_tokens, self.cfg.eval.batch_size)
+                                          self.cfg)
                 record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})
             accelerator.wait_for_everyone()
         return record if len(record) > 1 else None

@@ -4,6 +4,7 @@ import re
 
 import pytest
 
+from anyfit.data.answers import extract_boxed
 from anyfit.data.synthetic import (
     heldout_set,
     is_heldout,
@@ -13,7 +14,6 @@ from anyfit.data.synthetic import (
     train_set,
     write_jsonl,
 )
-from anyfit.evaluation.answers import extract_boxed
 
 _EQUATION = re.compile(r"^(\d+) ([+-]) (\d+)(:| = (\d+))$")
 

@@ -1,15 +1,7 @@
 import pytest
 
-from anyfit.evaluation.answers import (
-    extract_answer,
-    extract_boxed,
-    extract_gsm8k,
-    gold_answer,
-    last_number,
-    plain_number,
-    split_unit,
-    trailing_math,
-)
+from anyfit.data.answers import extract_boxed, extract_gsm8k, gold_answer, plain_number, split_unit
+from anyfit.evaluation.answers import extract_answer, last_number, trailing_math
 
 
 @pytest.mark.parametrize("text, expected", [

@@ -4,13 +4,13 @@ import pytest
 import torch
 
 from anyfit.cli import main
-from anyfit.config import DataConfig
+from anyfit.config import Config, DataConfig, EvalConfig
+from anyfit.data.answers import example_gold
 from anyfit.data.sources import DataError
 from anyfit.data.tokenization import prompt_token_ids
 from anyfit.evaluation.evaluate import (
     default_params,
     evaluate,
-    example_gold,
     generation_eval,
     load_eval_examples,
     score_completions,
@@ -61,8 +61,8 @@ def test_r1_zero_asks_for_answer_tags():
     s = summarize(rows)
     assert s["accuracy"] == pytest.approx(2 / 3) and s["format_rate"] == pytest.approx(1 / 3)
     assert s["fallback_accuracy"] == 1.0 and "tokens_per_second" not in s
-    params = default_params(DataConfig(template="r1_zero"), 64)
-    assert params.stop == ("</answer>",) and params.include_stop and params.greedy
+    params = default_params(Config(data=DataConfig(template="r1_zero"), eval=EvalConfig(max_new_tokens=64)))
+    assert params.stop == ("</answer>",) and params.include_stop and params.greedy and params.max_new_tokens == 64
 
 
 def _jsonl(path, records):
@@ -112,7 +112,8 @@ def test_evaluate_writes_predictions_and_summary(qwen_tokenizer, tmp_path):
     ])
     cfg = DataConfig(path=str(data), fields={"prompt": "problem", "answer": "answer"})
     backend = FixedBackend(qwen_tokenizer, ["It is \\boxed{4}.", "maybe 10", "\\boxed{0.5}"])
-    summary = evaluate(backend, cfg, out_dir=tmp_path / "out", max_new_tokens=32, echo=lambda *a: None)
+    summary = evaluate(backend, Config(data=cfg, eval=EvalConfig(max_new_tokens=32)), out_dir=tmp_path / "out",
+                       echo=lambda *a: None)
 
     (prompts, params), = backend.calls
     examples = load_eval_examples(cfg)
@@ -134,7 +135,7 @@ def test_evaluate_writes_predictions_and_summary(qwen_tokenizer, tmp_path):
 def test_no_gold_at_all_is_a_clear_error(qwen_tokenizer, tmp_path):
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "hi", "completion": "hello"}])
     with pytest.raises(DataError, match="gold answer"):
-        evaluate(FixedBackend(qwen_tokenizer, ["x"]), DataConfig(path=str(data)), echo=lambda *a: None)
+        evaluate(FixedBackend(qwen_tokenizer, ["x"]), Config(data=DataConfig(path=str(data))), echo=lambda *a: None)
 
 
 def test_generation_eval_on_a_loaded_model(tiny_llama_dir, qwen_tokenizer, tmp_path):
@@ -144,8 +145,8 @@ def test_generation_eval_on_a_loaded_model(tiny_llama_dir, qwen_tokenizer, tmp_p
     model.train()
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1?", "completion": "\\boxed{2}"},
                                          {"prompt": "2+2?", "completion": "\\boxed{4}"}])
-    cfg = DataConfig(path=str(data), template="plain")
-    metrics = generation_eval(model, qwen_tokenizer, load_eval_examples(cfg), cfg, max_new_tokens=3, batch_size=2)
+    cfg = Config(data=DataConfig(path=str(data), template="plain"), eval=EvalConfig(max_new_tokens=3, batch_size=2))
+    metrics = generation_eval(model, qwen_tokenizer, load_eval_examples(cfg.data), cfg)
     assert metrics["n"] == 2 and 0 <= metrics["accuracy"] <= 1 and metrics["completion_tokens"] <= 6
     assert metrics["tokens_per_second"] > 0
     assert model.training

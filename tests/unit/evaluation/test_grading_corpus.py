@@ -19,7 +19,8 @@ import json
 import logging
 from pathlib import Path
 
-from anyfit.evaluation.answers import extract_answer, gold_answer
+from anyfit.data.answers import gold_answer
+from anyfit.evaluation.answers import extract_answer
 from anyfit.evaluation.grading import grade
 
 CORPUS = Path(__file__).resolve().parents[2] / "data" / "grading_corpus.jsonl"
