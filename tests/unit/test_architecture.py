@@ -19,7 +19,7 @@ PACKAGE = Path(anyfit.__file__).resolve().parent
 LAYERS: list[tuple[str, ...]] = [
     ("anyfit", "anyfit.configs"),  # the version; the shipped config files
     ("anyfit.config",),  # the typed schema and its loader
-    ("anyfit.runfolder", "anyfit.hub"),  # the run folder's layout; hub ids and their checks
+    ("anyfit.runfolder", "anyfit.hub", "anyfit.cache"),  # the run folder; hub ids; the derived-data cache
     ("anyfit.hardware",),  # runtime policy: device, precision, memory, what may be sharded
     ("anyfit.model", "anyfit.data"),  # where weights come from and how they load; records to token ids
     ("anyfit.planning",),  # memory and time estimates, the saver ladder, machine presets

@@ -88,6 +88,12 @@ class DataConfig:
     train_on: Literal["completion", "all"] = _f(
         "completion", "Which tokens carry loss: the completion/assistant tokens only, or all tokens.")
     add_eos: bool = _f(True, "End each completion with the tokenizer's EOS token (so the model learns to stop).")
+    num_proc: int | Literal["auto"] = _f(
+        "auto", "Processes that render and tokenize a large data set (20k records or more) while its token store is "
+        "built; auto: the cores, at most one per GiB of available memory, at most 8.")
+    cache_dir: str | None = _f(
+        None, "Where token stores are kept: the data tokenized once and memory-mapped by every later run and "
+        "process (anyfit prepare builds one ahead). Default: $ANYFIT_CACHE/tokens, else ~/.cache/anyfit/tokens.")
 
 
 @dataclass
@@ -247,6 +253,8 @@ def validate(cfg: Config) -> None:
     if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):
         raise ConfigError("Set either eval.holdout (records taken from the training data) or eval.path/eval.split "
                           "(separate held-out data), not both.")
+    if cfg.data.num_proc != "auto" and cfg.data.num_proc < 1:
+        raise ConfigError(f"'data.num_proc' must be at least 1 or 'auto', got {cfg.data.num_proc}.")
     if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
         raise ConfigError(f"'eval.batch_size' must be at least 1 or 'auto', got {cfg.eval.batch_size}.")
     if t.learning_rate <= 0:

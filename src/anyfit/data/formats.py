@@ -84,22 +84,27 @@ class Example:
         return None
 
 
-def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig) -> list[Example]:
-    """Normalise every record to an Example, in ``cfg.format`` (detected from the first record for 'auto')."""
+def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig, start: int = 0) -> list[Example]:
+    """Normalise every record to an Example, in ``cfg.format`` (detected from the first record for 'auto').
+
+    ``start``: the index of ``records[0]`` in the whole data set, for a data set read in batches; the checks
+    made on the data set's first record (format, mapped fields) are made in its first batch only, and later
+    batches take the format found there (``cfg.format`` set to it)."""
     if not records:
         raise DataError("No records to read: the dataset is empty.")
     locate = records.locate if isinstance(records, Records) else None
-    first = _place(0, locate and locate(0))
+    first = _place(start, locate and locate(0))
     fmt = detect_format(records[0], cfg, first.lower()) if cfg.format == "auto" else cfg.format
     columns = _columns(fmt, cfg.fields)
-    _check_fields(records[0], fmt, columns, first)
-    # An optional field mapped by name but absent from the data is most likely a typo in data.fields.
-    absent = [f"{name}: {cfg.fields[name]}" for name in OPTIONAL
-              if name in cfg.fields and cfg.fields[name] not in records[0]]
-    if absent:
-        raise DataError(f"data.fields maps {', '.join(absent)}, but record 0 has no such field; its fields are "
-                        f"{_field_list(records[0])}.")
-    return [_to_example(record, i, locate and locate(i), fmt, columns) for i, record in enumerate(records)]
+    if start == 0:
+        _check_fields(records[0], fmt, columns, first)
+        # An optional field mapped by name but absent from the data is most likely a typo in data.fields.
+        absent = [f"{name}: {cfg.fields[name]}" for name in OPTIONAL
+                  if name in cfg.fields and cfg.fields[name] not in records[0]]
+        if absent:
+            raise DataError(f"data.fields maps {', '.join(absent)}, but record 0 has no such field; its fields are "
+                            f"{_field_list(records[0])}.")
+    return [_to_example(record, start + i, locate and locate(i), fmt, columns) for i, record in enumerate(records)]
 
 
 def _place(index: int, origin: str | None) -> str:

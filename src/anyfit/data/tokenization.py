@@ -16,6 +16,7 @@ exactly which tokens carry loss is the quickest check that a template and mask a
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import groupby
@@ -92,6 +93,26 @@ class DataReport:
 TokenizedExample = dict[str, list[int]]  # {"input_ids": [...], "labels": [...]}
 
 
+class Fate(enum.IntEnum):
+    """What the length policy and the template did to one record (kept, or why it was dropped)."""
+
+    KEPT = 0
+    TRUNCATED = 1  # kept, cut to data.max_length
+    DROPPED_OVERLONG = 2
+    DROPPED_NOTHING_TO_TRAIN = 3
+    DROPPED_NO_TARGET = 4
+    DROPPED_NO_ANSWER = 5
+
+    @property
+    def kept(self) -> bool:
+        return self in (Fate.KEPT, Fate.TRUNCATED)
+
+
+_REPORT_FIELD = {Fate.TRUNCATED: "truncated", Fate.DROPPED_OVERLONG: "dropped_overlong",
+                 Fate.DROPPED_NOTHING_TO_TRAIN: "dropped_nothing_to_train", Fate.DROPPED_NO_TARGET: "dropped_no_target",
+                 Fate.DROPPED_NO_ANSWER: "dropped_no_answer"}
+
+
 def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence[Example],
                      tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> tuple[list[TokenizedExample], DataReport]:
     """Tokenize raw records (normalised with ``cfg``) or Examples; apply ``cfg.max_length``/``cfg.overlong``.
@@ -106,46 +127,71 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
         examples = list(records_or_examples)
     else:
         examples = to_examples(records_or_examples, cfg)
-    report = DataReport(loaded=len(examples), length_limit=cfg.max_length, overlong=cfg.overlong)
+    results = tokenize_each(examples, tokenizer, cfg)
+    out = [{"input_ids": ids, "labels": labels} for fate, ids, labels in results if fate.kept]
+    report = report_of([fate for fate, _, _ in results], [len(e["input_ids"]) for e in out],
+                       [_count_trained(e["labels"]) for e in out], cfg.max_length, cfg.overlong)
+    if not out:
+        raise DataError(nothing_left(report))
+    return out, report
 
+
+def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
+                  cfg: DataConfig) -> list[tuple[Fate, list[int], list[int]]]:
+    """``(fate, input_ids, labels)`` of every example, in order, after the length policy (empty lists for a
+    dropped one): the one rule behind ``tokenize_dataset`` and the token store (``anyfit.data.store``)."""
+    if not examples:
+        return []
     if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
-        pairs = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
+        pairs: list[tuple[list[int], list[int]] | None] = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
     else:
         renderings: list[Rendered] = []
+        rendered_at: list[int] = []
         # Rendering (chat templates, one example at a time) is the slow part on large sets: a bar from 5k examples.
-        for example in tqdm(examples, desc="render", unit="example", leave=False, disable=len(examples) < 5000):
+        for i, example in enumerate(tqdm(examples, desc="render", unit="example", leave=False,
+                                         disable=len(examples) < 5000)):
             try:
                 renderings.append(render(example, tokenizer, cfg))
+                rendered_at.append(i)
             except MissingAnswer:
-                report.dropped_no_answer += 1
-        pairs = _tokenize_renderings(renderings, tokenizer, cfg)
+                pass
+        pairs = [None] * len(examples)
+        for i, pair in zip(rendered_at, _tokenize_renderings(renderings, tokenizer, cfg)):
+            pairs[i] = pair
+    return [_length_policy(pair, cfg) for pair in pairs]
 
-    out: list[TokenizedExample] = []
-    for input_ids, labels in pairs:
-        if not _count_trained(labels):
-            report.dropped_nothing_to_train += 1
-            continue
-        if len(input_ids) > cfg.max_length:
-            if cfg.overlong == "drop":
-                report.dropped_overlong += 1
-                continue
-            input_ids, labels = input_ids[: cfg.max_length], labels[: cfg.max_length]
-            if _count_trained(labels):
-                report.truncated += 1
-        n_trained = _count_trained(labels)
-        if n_trained == 0:
-            report.dropped_no_target += 1
-            continue
-        out.append({"input_ids": input_ids, "labels": labels})
-        report.total_tokens += len(input_ids)
-        report.trainable_tokens += n_trained
-        report.max_length = max(report.max_length, len(input_ids))
 
-    report.kept = len(out)
+def _length_policy(pair: tuple[list[int], list[int]] | None, cfg: DataConfig) -> tuple[Fate, list[int], list[int]]:
+    if pair is None:
+        return Fate.DROPPED_NO_ANSWER, [], []
+    input_ids, labels = pair
+    if not _count_trained(labels):
+        return Fate.DROPPED_NOTHING_TO_TRAIN, [], []
+    fate = Fate.KEPT
+    if len(input_ids) > cfg.max_length:
+        if cfg.overlong == "drop":
+            return Fate.DROPPED_OVERLONG, [], []
+        input_ids, labels = input_ids[: cfg.max_length], labels[: cfg.max_length]
+        fate = Fate.TRUNCATED
+    if _count_trained(labels) == 0:
+        return Fate.DROPPED_NO_TARGET, [], []
+    return fate, input_ids, labels
+
+
+def report_of(fates: Sequence[Fate], lengths: Sequence[int], trainable: Sequence[int], max_length: int,
+              overlong: str) -> DataReport:
+    """The report of records with these fates; ``lengths``/``trainable``: of the kept ones."""
+    report = DataReport(loaded=len(fates), length_limit=max_length, overlong=overlong)
+    for fate in fates:
+        if fate in _REPORT_FIELD:
+            name = _REPORT_FIELD[fate]
+            setattr(report, name, getattr(report, name) + 1)
+    report.kept = len(lengths)
+    report.total_tokens = int(sum(lengths))
+    report.trainable_tokens = int(sum(trainable))
+    report.max_length = int(max(lengths, default=0))
     report.mean_length = report.total_tokens / report.kept if report.kept else 0.0
-    if not out:
-        raise DataError(_nothing_left(report))
-    return out, report
+    return report
 
 
 def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase,
@@ -313,7 +359,8 @@ def _count_trained(labels: list[int]) -> int:
     return sum(1 for x in labels if x != IGNORE_INDEX)
 
 
-def _nothing_left(report: DataReport) -> str:
+def nothing_left(report: DataReport) -> str:
+    """Why no example is left, with the setting to change for each reason."""
     reasons = []
     if report.dropped_overlong:
         reasons.append(f"{report.dropped_overlong} longer than data.max_length={report.length_limit} (set "

@@ -9,22 +9,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from anyfit.cache import cache_root
+
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 _COMPLETE_MARKER = "anyfit-materialized.json"
-
-
-def default_cache_root() -> Path:
-    """``$ANYFIT_CACHE`` if set, else ``$XDG_CACHE_HOME/anyfit``, else ``~/.cache/anyfit``."""
-    if os.environ.get("ANYFIT_CACHE"):
-        return Path(os.environ["ANYFIT_CACHE"]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "anyfit"
 
 
 def smollm2_gguf_path() -> Path:
@@ -83,7 +76,7 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None)
     gguf_path = Path(gguf_path).expanduser().resolve()
     if not gguf_path.is_file():
         raise FileNotFoundError(f"GGUF file not found: {gguf_path}")
-    out = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_root() / gguf_path.stem
+    out = Path(cache_dir).expanduser() if cache_dir is not None else cache_root() / gguf_path.stem
     source = {"source": str(gguf_path), "size": gguf_path.stat().st_size, "dtype": "float32"}
     if is_materialized(out):
         made_from = materialized_from(out)
