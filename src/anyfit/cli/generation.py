@@ -123,7 +123,10 @@ def cmd_eval(args) -> int:
 
     name = Path(model).name if Path(model).exists() else model.replace("/", "__")  # hub ids: one folder level
     out = args.out or str(Path("runs") / "eval" / name)
-    params = default_params(cfg, temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop)
+    try:
+        params = default_params(cfg, temperature=args.temperature, top_p=args.top_p, seed=args.seed, stop=args.stop)
+    except ValueError as e:  # a flag GenerationParams refuses (--max-new-tokens 0, --temperature -1): one line
+        raise ConfigError(str(e)) from None
     backend = BackendSettings.from_config(cfg, backend=args.backend, merge_lora=args.merge_lora, seed=args.seed)
     evaluate(model, cfg, params, backend, out_dir=out)
     return 0
