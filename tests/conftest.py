@@ -3,12 +3,23 @@ models of real architectures (Llama, Qwen2) saved as normal HF folders."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
+import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
-import pytest
-from tiny_runs import save_tiny
+# What anyfit derives and caches (token stores, converted GGUF models) goes to a folder of this test session,
+# also for the training processes the tests start, not to the user's ~/.cache/anyfit. Set before tiny_runs
+# copies the environment for those processes.
+if "ANYFIT_CACHE" not in os.environ:
+    os.environ["ANYFIT_CACHE"] = tempfile.mkdtemp(prefix="anyfit-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["ANYFIT_CACHE"], True)
+
+import pytest  # noqa: E402
+from tiny_runs import save_tiny  # noqa: E402
 
 
 def _token_counter_dir(name: str) -> Path:

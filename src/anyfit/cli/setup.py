@@ -1,5 +1,6 @@
 """Getting started: ``anyfit configs`` (the shipped configs), ``anyfit download`` (model and data before the
-GPU's clock runs) and ``anyfit quickstart`` (the offline demo)."""
+GPU's clock runs), ``anyfit prepare`` (the data tokenized once into its token store) and ``anyfit quickstart``
+(the offline demo)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,19 @@ def cmd_download(args) -> int:
     return 0
 
 
+def cmd_prepare(args) -> int:
+    cfg = load(args)
+    # start-up time: tokenizers and the data pipeline load only when the command runs
+    from anyfit.data.prepare import prepare_training_data
+    from anyfit.model.loading import load_tokenizer
+
+    data = prepare_training_data(cfg, load_tokenizer(cfg.model))
+    print(f"[anyfit] data: {data.report.summary()}")
+    if data.eval_report:
+        print(f"[anyfit] eval data: {data.eval_report.summary()}")
+    return 0
+
+
 def cmd_quickstart(args) -> int:
     from anyfit.quickstart import run_quickstart  # start-up time: the training stack
 
@@ -45,6 +59,11 @@ def register(sub) -> None:
     p.add_argument("--to", metavar="DIR", help="Put the copies under DIR (model/, tokenizer/, data/) instead of the "
                                                "Hugging Face cache, and print the overrides that use them.")
     p.set_defaults(func=cmd_download)
+
+    p = sub.add_parser("prepare", help="Tokenize a config's data once into its token store (reused by every later "
+                                        "train, resume and process): anyfit prepare CONFIG [key=value ...]")
+    config_args(p)
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("configs", help="List the configs shipped with anyfit; print one (to copy and edit) or its path.")
     p.add_argument("name", nargs="?", help="A shipped config's name, e.g. smollm2-lora-chat or accelerate/deepspeed_zero3.")

@@ -89,6 +89,20 @@ def choose_micro_batch(per_process: int, peak_of: Callable[[int], int | None], b
     return chosen
 
 
+def example_lengths(examples) -> list[int]:
+    """Tokens per example, without materialising a token store's examples."""
+    if hasattr(examples, "lengths"):
+        return examples.lengths.tolist()
+    return [len(e["input_ids"]) for e in examples]
+
+
+def trained_tokens(examples) -> list[int]:
+    """Trained tokens (labels other than ``IGNORE_INDEX``) per example."""
+    if hasattr(examples, "trainable"):
+        return examples.trainable.tolist()
+    return [sum(1 for t in e["labels"] if t != IGNORE_INDEX) for e in examples]
+
+
 class WindowSampler:
     """Deterministic accumulation windows: ``window(step)`` gives this process's micro-batches for that step."""
 
@@ -107,10 +121,10 @@ class WindowSampler:
         self._perm: list[int] = []
 
     @classmethod
-    def of(cls, examples: list[dict], plan: BatchPlan, process_index: int, seed: int) -> "WindowSampler":
-        """The sampler over tokenized examples (``input_ids`` and ``labels``)."""
-        return cls([len(e["input_ids"]) for e in examples],
-                   [sum(1 for t in e["labels"] if t != IGNORE_INDEX) for e in examples], plan, process_index, seed)
+    def of(cls, examples, plan: BatchPlan, process_index: int, seed: int) -> "WindowSampler":
+        """The sampler over tokenized examples: a token store's (``anyfit.data.store.Examples``: lengths and
+        trained-token counts read from its arrays) or a list of ``{"input_ids", "labels"}``."""
+        return cls(example_lengths(examples), trained_tokens(examples), plan, process_index, seed)
 
     def _permutation(self, epoch: int) -> list[int]:
         if epoch != self._epoch:

@@ -1,8 +1,9 @@
 """The data of a training run: training examples, held-out examples for the validation loss, and held-out
-examples with gold answers for generation accuracy, tokenized once and reported.
+examples with gold answers for generation accuracy, read from the token store (tokenized once, reused) and
+reported.
 
-Every process prepares the same lists (the same records, the same seeded hold-out), so the windows drawn
-from them agree across processes without communication.
+Every process maps the same store and takes the same seeded hold-out, so the windows drawn from them agree
+across processes without communication.
 """
 
 from __future__ import annotations
@@ -11,51 +12,85 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
-from anyfit.config import Config, ConfigError
+from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, to_examples
-from anyfit.data.sources import load_records
-from anyfit.data.tokenization import DataReport, TokenizedExample, tokenize_dataset
+from anyfit.data.sources import DataError, Records, iter_records
+from anyfit.data.store import Examples, open_or_build
+from anyfit.data.tokenization import DataReport, nothing_left
 
 
 @dataclass
 class TrainingData:
-    examples: list[TokenizedExample]
+    examples: Examples
     report: DataReport
-    eval_examples: list[TokenizedExample] = field(default_factory=list)  # for the validation loss
+    eval_examples: Examples | list = field(default_factory=list)  # for the validation loss
     eval_report: DataReport | None = None
     gen_examples: list[Example] = field(default_factory=list)  # with gold answers, for generation accuracy
 
 
-def split_eval_records(cfg: Config, records: list[dict]) -> tuple[list[dict], list[dict] | None]:
-    """(training records, held-out records or None). ``eval.holdout`` takes a seeded sample of the
-    training records out of training; ``eval.path``/``eval.split`` read separate data with the data.* settings."""
+def held_out_records(cfg: Config, records: int) -> list[int]:
+    """The record indices ``eval.holdout`` takes out of training: a seeded sample, in record order."""
+    order = list(range(records))
+    random.Random(cfg.train.seed).shuffle(order)
+    return sorted(order[:cfg.eval.holdout])
+
+
+def eval_data_config(cfg: Config) -> DataConfig:
+    """The data.* settings of separate held-out data (``eval.path``/``eval.split``)."""
+    return dataclasses.replace(cfg.data, path=cfg.eval.path or cfg.data.path, split=cfg.eval.split or cfg.data.split,
+                               num_samples=None)
+
+
+def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
+    """Map (or build) the token store, split off the held-out part, and check now (not after hours of training)
+    that generation accuracy, when asked for, has gold answers to compare with."""
+    store = open_or_build(cfg.data, tokenizer, echo)
+    held: list[int] | None = None
     if cfg.eval.holdout:
-        order = list(range(len(records)))
-        random.Random(cfg.train.seed).shuffle(order)
-        held = set(order[:cfg.eval.holdout])
-        return [r for i, r in enumerate(records) if i not in held], [records[i] for i in sorted(held)]
-    if cfg.eval.path or cfg.eval.split:
-        eval_data = dataclasses.replace(cfg.data, path=cfg.eval.path or cfg.data.path,
-                                        split=cfg.eval.split or cfg.data.split, num_samples=None)
-        return records, load_records(eval_data)
-    return records, None
-
-
-def prepare_training_data(cfg: Config, tokenizer) -> TrainingData:
-    """Load, split, normalise and tokenize; checks now (not after hours of training) that generation
-    accuracy, when asked for, has gold answers to compare with."""
-    train_records, eval_records = split_eval_records(cfg, load_records(cfg.data))
-    examples, report = tokenize_dataset(train_records, tokenizer, cfg.data)
-    data = TrainingData(examples, report)
-    if not eval_records:
+        held = held_out_records(cfg, store.records)
+        kept = set(held)
+        examples = store.view([i for i in range(store.records) if i not in kept])
+        eval_examples = store.view(held)
+    elif cfg.eval.path or cfg.eval.split:
+        examples = store.view()
+        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view()
+    else:
+        examples, eval_examples = store.view(), None
+    if not len(examples):
+        raise DataError(nothing_left(examples.report))
+    data = TrainingData(examples, examples.report)
+    if eval_examples is None:
         return data
-    held_out = to_examples(eval_records, cfg.data)  # normalised once, for both uses
-    data.eval_examples, data.eval_report = tokenize_dataset(held_out, tokenizer, cfg.data)
+    if not len(eval_examples):
+        raise DataError(nothing_left(eval_examples.report))
+    data.eval_examples, data.eval_report = eval_examples, eval_examples.report
     if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
-        data.gen_examples = [e for e in held_out if example_gold(e) is not None][:cfg.eval.num_generate]
+        source = cfg.data if held is not None else eval_data_config(cfg)
+        data.gen_examples = _with_gold(source, held, cfg.eval.num_generate)
         if not data.gen_examples:
             raise ConfigError("eval.generate_* is on but no held-out record has a gold answer: map an answer "
                               "column with data.fields: {answer: ...}, or use solutions ending in \\boxed{...} "
                               "or '#### N'.")
     return data
+
+
+def _with_gold(cfg: DataConfig, records: list[int] | None, limit: int) -> list[Example]:
+    """The first ``limit`` held-out examples with a gold answer: of the given record indices of ``cfg``'s data,
+    or of all of it. Read as a stream, so a large source is never held in memory for a few examples."""
+    wanted = set(records) if records is not None else None
+    found: list[Example] = []
+    start = 0
+    detected = cfg
+    for batch in iter_records(cfg):
+        picked = [i for i in range(len(batch)) if wanted is None or start + i in wanted]
+        if picked:
+            chosen = Records([batch[i] for i in picked], lambda k, b=batch, p=picked: b.locate(p[k]))
+            examples = to_examples(chosen, detected)
+            found += [e for e in examples if example_gold(e) is not None]
+        if start == 0 and detected.format == "auto":
+            detected = dataclasses.replace(cfg, format=to_examples(batch[:1], cfg)[0].kind)
+        start += len(batch)
+        if len(found) >= limit:
+            break
+    return found[:limit]

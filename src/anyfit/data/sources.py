@@ -309,3 +309,20 @@ def _snippet(line: str, width: int = 80) -> str:
     line = line.strip()
     return repr(line if len(line) <= width else line[:width] + "...")
 
+
+
+# TEMPORARY: replaced by the streaming readers (stream-sources branch).
+def iter_records(cfg: DataConfig, batch_size: int = 1024):
+    records = load_records(cfg)
+    for start in range(0, len(records), batch_size):
+        yield records[start:start + batch_size]
+
+
+def source_fingerprint(cfg: DataConfig) -> str:
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps([cfg.path, cfg.subset, cfg.split, cfg.num_samples]).encode())
+    path = Path(cfg.path).expanduser()
+    for f in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()) if path.exists() else []:
+        digest.update(f.read_bytes())
+    return digest.hexdigest()

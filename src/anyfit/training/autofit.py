@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from anyfit.config import ConfigError
-from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, to_device
+from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, example_lengths, to_device
 from anyfit.hardware.memory import budget_bytes, is_oom, peak_bytes, release_cached, reset_peak
 from anyfit.training.sharding import gradient_sync, is_sharded
 from anyfit.training.step import backward_window
@@ -22,7 +22,8 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
     stays under ``budget`` bytes, counting the optimizer state that the first step will allocate.
     ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's); ``agree(peak)``
     turns this process's peak into the one all processes use."""
-    longest = sorted(range(len(examples)), key=lambda i: -len(examples[i]["input_ids"]))
+    lengths = example_lengths(examples)  # a token store's, without reading every example
+    longest = sorted(range(len(examples)), key=lambda i: -lengths[i])
 
     def measured(micro: int) -> int | None:
         batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
@@ -46,7 +47,7 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
         if agree is not None:
             found = agree(found)
         gib = f"{found / 2**30:.2f} GiB" if found is not None else "out of memory"
-        echo(f"[anyfit] micro_batch probe: {micro} x {len(examples[longest[0]]['input_ids'])} tokens -> {gib} "
+        echo(f"[anyfit] micro_batch probe: {micro} x {lengths[longest[0]]} tokens -> {gib} "
              f"(budget {budget / 2**30:.2f} GiB)")
         return found
 

@@ -127,10 +127,11 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     set_seed(cfg.train.seed)
     loss_fn = loss_fn or functools.partial(token_loss_sum, chunk_tokens=cfg.train.loss_chunk_tokens)
 
-    # data: every process tokenizes the same examples and draws the same windows
+    # data: one process per machine tokenizes into the token store (or finds it), every process maps it and
+    # draws the same windows
     tokenizer = load_tokenizer(cfg.model)
     collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing)
-    data = prepare_training_data(cfg, tokenizer)
+    data = prepare_training_data(cfg, tokenizer, say)
     say(f"[anyfit] data: {data.report.summary()}")
     if data.eval_report:
         say(f"[anyfit] eval data: {data.eval_report.summary()}")

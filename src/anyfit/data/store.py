@@ -1,0 +1,409 @@
+"""The token store: a data set tokenized once into flat memory-mapped arrays, reused by every process of
+every later run that would tokenize it the same way.
+
+Layout of one store (a folder named by its key, under ``data.cache_dir``, default ``~/.cache/anyfit/tokens``)::
+
+    input_ids.bin       int32, every kept example's token ids, back to back
+    loss_mask.bin       uint8, 1 where the token is a label (labels are the ids there, -100 elsewhere)
+    offsets.bin         int64, example i is [offsets[i], offsets[i + 1])
+    trainable.bin       int32, trained tokens per example (what the window sampler weighs the loss by)
+    record_fate.bin     uint8, per source record: kept, cut, or why it was dropped (``tokenization.Fate``)
+    record_example.bin  int64, per source record: its example's index, -1 when dropped
+    manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
+
+Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
+flat arrays, which a memory map serves straight from the page cache (one copy per machine, shared by every
+process, nothing deserialised); an Arrow table would add a per-row conversion, and nothing here needs Arrow's
+columns of nested types. The labels are stored as a 1-byte mask because in every format anyfit reads a label is
+either the token itself or -100 (checked while building): 5 bytes per token instead of 8.
+
+The key is the content: the data source (``sources.source_fingerprint``: file contents or the hub data set's
+fingerprint), the tokenizer (its whole serialised state and chat template), every ``data.*`` setting that changes
+tokens, the source code of the modules that turn records into tokens, and ``FORMAT``. A changed input never
+finds a stale store; an unchanged one always finds its own.
+
+Exactly one process per store location builds it: the others wait on a file lock (not on a collective with a
+timeout), then every process maps the same files. A store is built in a temporary folder and renamed when its
+manifest is written, so an interrupted build (Ctrl-C, SIGKILL, a full disk) never leaves a folder that looks
+complete; a store whose files do not match its manifest is rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import fcntl
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+from array import array
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from anyfit.cache import cache_root
+from anyfit.config import DataConfig
+from anyfit.data import answers, formats, templates, tokenization
+from anyfit.data.formats import to_examples
+from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
+from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
+
+FORMAT = 1
+MANIFEST = "manifest.json"
+HASH = "sha256"
+# name -> dtype; the per-example and per-record arrays are small next to the token arrays.
+ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
+          "record_fate": np.uint8, "record_example": np.int64}
+# data.* keys that do not change the tokens (where the store lives, how many processes build it).
+NOT_TOKENS = ("cache_dir", "num_proc")
+# The modules whose code turns records into tokens: a change in any of them is a new key.
+TOKENIZING_CODE = (formats, templates, tokenization, answers)
+BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
+PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves
+
+
+def default_dir() -> Path:
+    return cache_root() / "tokens"
+
+
+def store_key(cfg: DataConfig, tokenizer) -> str:
+    """The content key of the store ``cfg`` + ``tokenizer`` make (see the module docstring)."""
+    settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TOKENS}
+    code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in TOKENIZING_CODE)).hexdigest()
+    parts = {"format": FORMAT, "code": code, "source": source_fingerprint(cfg),
+             "tokenizer": tokenizer_fingerprint(tokenizer), "data": settings}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of everything in a tokenizer that decides token ids: its serialised model, normaliser,
+    pre-tokenizer and post-processor (fast tokenizers), the chat template and the special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    state = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    extra = {"class": type(tokenizer).__name__, "chat_template": getattr(tokenizer, "chat_template", None),
+             "special": {k: str(v) for k, v in tokenizer.special_tokens_map.items()},
+             "ids": [tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id], "size": len(tokenizer)}
+    return hashlib.sha256(state.encode() + json.dumps(extra, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class TokenStore:
+    """A complete store, memory-mapped. ``store[i]`` is example i as ``{"input_ids": [...], "labels": [...]}``
+    (lists, as the collator takes them); ``lengths`` and ``trainable`` are arrays over all examples."""
+
+    folder: Path
+    arrays: dict[str, np.ndarray]
+    manifest: dict[str, Any]
+
+    @staticmethod
+    def open(folder: Path, verify: bool = False) -> TokenStore:
+        """Map a complete store; a ``DataError`` when it is not one (``problem`` says why)."""
+        problem = store_problem(folder, verify)
+        if problem:
+            raise DataError(f"token store {folder}: {problem}")
+        manifest = json.loads((folder / MANIFEST).read_text())
+        arrays = {name: _map(folder / f"{name}.bin", dtype, manifest["counts"][name])
+                  for name, dtype in ARRAYS.items()}
+        return TokenStore(folder, arrays, manifest)
+
+    def __reduce__(self):
+        # Sent to another process (a spawned DataLoader worker): it maps the same files, nothing is copied.
+        return TokenStore.open, (self.folder,)
+
+    def __len__(self) -> int:
+        return len(self.arrays["trainable"])
+
+    def __getitem__(self, i: int) -> TokenizedExample:
+        start, stop = int(self.arrays["offsets"][i]), int(self.arrays["offsets"][i + 1])
+        ids = self.arrays["input_ids"][start:stop]
+        labels = np.where(self.arrays["loss_mask"][start:stop] != 0, ids, IGNORE_INDEX)
+        return {"input_ids": ids.tolist(), "labels": labels.tolist()}
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.arrays["offsets"])
+
+    @property
+    def records(self) -> int:
+        return len(self.arrays["record_fate"])
+
+    @property
+    def report(self) -> DataReport:
+        return DataReport(**self.manifest["report"])
+
+    def view(self, records: Sequence[int] | None = None) -> Examples:
+        """The examples of the given source records (all by default), in record order, with their report."""
+        if records is None:
+            index = np.arange(len(self))
+            return Examples(self, index, self.report)
+        records = np.asarray(records, dtype=np.int64)
+        chosen = self.arrays["record_example"][records]
+        index = chosen[chosen >= 0]
+        fates = self.arrays["record_fate"][records]
+        report = report_of([Fate(int(f)) for f in fates], self.lengths[index].tolist(),
+                           self.arrays["trainable"][index].tolist(), self.manifest["max_length"],
+                           self.manifest["overlong"])
+        return Examples(self, index, report)
+
+
+@dataclass
+class Examples:
+    """Some examples of a store (``rows``: their indices in it): what the window sampler, the collator and
+    validation read, as a sequence of ``{"input_ids", "labels"}``."""
+
+    store: TokenStore
+    rows: np.ndarray
+    report: DataReport
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):  # validation splits held-out examples over processes: a small list
+            return [self.store[int(j)] for j in self.rows[i]]
+        return self.store[int(self.rows[i])]
+
+    def __iter__(self) -> Iterator[TokenizedExample]:
+        return (self.store[int(j)] for j in self.rows)
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return self.store.lengths[self.rows]
+
+    @property
+    def trainable(self) -> np.ndarray:
+        return self.store.arrays["trainable"][self.rows]
+
+
+def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
+    """The store of ``cfg`` + ``tokenizer``: mapped when it exists and is intact, else built (by exactly one
+    process per location; the others wait on the lock, then map it)."""
+    root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    key = store_key(cfg, tokenizer)
+    folder = root / key
+    with _locked(root / f"{key}.lock"):
+        problem = store_problem(folder, verify=True) if folder.exists() else "missing"
+        if problem is None:
+            echo(f"[anyfit] token store: {folder} (reused, nothing tokenized)")
+            return TokenStore.open(folder)
+        if folder.exists():
+            echo(f"[anyfit] token store {folder} is damaged ({problem}): building it again")
+            shutil.rmtree(folder)
+        build(cfg, tokenizer, folder, echo=echo)
+    return TokenStore.open(folder)
+
+
+def store_problem(folder: Path, verify: bool = False) -> str | None:
+    """What is wrong with a store folder (None when it is complete): sizes always, hashes with ``verify``."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"no readable {MANIFEST} (an interrupted build)"
+    if manifest.get("format") != FORMAT:
+        return f"format {manifest.get('format')}, this anyfit writes {FORMAT}"
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file() or path.stat().st_size != entry["size"]:
+            return f"{name} is missing or not {entry['size']} bytes"
+        if verify and _file_hash(path) != entry[HASH]:
+            return f"{name} does not match its {HASH}"
+    return None
+
+
+def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
+    """Stream the records of ``cfg``, render and tokenize them in batches (in ``data.num_proc`` worker processes
+    for large sets), and write the store into a temporary folder that is renamed when complete."""
+    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        writer = _Writer(tmp)
+        for results in _tokenized_batches(cfg, tokenizer):
+            writer.add(results)
+        if not writer.kept:
+            raise DataError(tokenization.nothing_left(writer.report(cfg)))
+        writer.finish(cfg, key=folder.name)
+        tmp.rename(folder)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, KeyboardInterrupt):
+            raise KeyboardInterrupt(f"interrupted while tokenizing {cfg.path}: nothing was kept, the next run "
+                                    "tokenizes it again") from None
+        raise
+    echo(f"[anyfit] token store: {folder} (built: {writer.records:,} records, {writer.kept:,} examples)")
+
+
+def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[list[tuple[Fate, list[int], list[int]]]]:
+    """Per-record tokenization results, batch by batch, in record order. The format is detected (and the mapped
+    fields checked) on the data set's first record, as when it is read whole; later batches take that format."""
+    batches = iter_records(cfg, BATCH_RECORDS)
+    first = next(batches, None)
+    if first is None:
+        raise DataError(f"{cfg.path} holds no records (split {cfg.split!r}); check data.path and data.split.")
+    # Read ahead up to PARALLEL_FROM records: a smaller data set is tokenized here, without a worker pool.
+    ahead: list[Records] = []
+    while sum(map(len, ahead)) + len(first) < PARALLEL_FROM and (batch := next(batches, None)) is not None:
+        ahead.append(batch)
+    first_examples = to_examples(first, cfg)
+    rest_cfg = dataclasses.replace(cfg, format=first_examples[0].kind)
+    bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
+    bar.update(len(first))
+    yield tokenize_each(first_examples, tokenizer, cfg)
+    if not ahead:
+        bar.close()
+        return
+    small = sum(map(len, ahead)) + len(first) < PARALLEL_FROM  # everything is read already
+    workers = 1 if small and cfg.num_proc == "auto" else _workers(cfg)
+
+    def numbered():  # (batch, index of its first record in the data set)
+        start = len(first)
+        for batch in itertools.chain(ahead, batches):
+            yield batch, start
+            start += len(batch)
+
+    if workers <= 1:
+        for batch, start in numbered():
+            bar.update(len(batch))
+            yield tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg)
+        bar.close()
+        return
+    # spawn, not fork: the parent may hold a process group and torch's threads
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
+                             initializer=_init_worker, initargs=(tokenizer, rest_cfg)) as pool:
+        queue: collections.deque = collections.deque()
+        for batch, start in numbered():
+            queue.append((len(batch), pool.submit(_tokenize_in_worker, list(batch), _places(batch), start)))
+            if len(queue) >= 2 * workers:  # bounded: at most two batches per worker in flight
+                n, future = queue.popleft()
+                bar.update(n)
+                yield future.result()
+        for n, future in queue:
+            bar.update(n)
+            yield future.result()
+    bar.close()
+
+
+def _workers(cfg: DataConfig) -> int:
+    """``data.num_proc``; auto: the cores, at most one per GiB of available memory, at most 8."""
+    if cfg.num_proc != "auto":
+        return int(cfg.num_proc)
+    import psutil
+
+    gib = psutil.virtual_memory().available / 2**30
+    return max(1, min(os.cpu_count() or 1, int(gib), 8))
+
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer, cfg: DataConfig) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
+    _WORKER.update(tokenizer=tokenizer, cfg=cfg)
+
+
+def _places(batch: Records) -> list[str]:
+    return [batch.locate(i) for i in range(len(batch))]
+
+
+def _tokenize_in_worker(records: list[dict], places: list[str], start: int):
+    cfg = _WORKER["cfg"]
+    batch = Records(records, places.__getitem__)
+    return tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg)
+
+
+class _Writer:
+    """Appends tokenized records to the store's files as they come; only per-record bookkeeping stays in RAM."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.ids = (folder / "input_ids.bin").open("wb")
+        self.mask = (folder / "loss_mask.bin").open("wb")
+        self.offsets, self.trainable = array("q", [0]), array("i")
+        self.fates, self.record_example = array("B"), array("q")
+        self.lengths: list[int] = []
+
+    @property
+    def kept(self) -> int:
+        return len(self.trainable)
+
+    @property
+    def records(self) -> int:
+        return len(self.fates)
+
+    def add(self, results: list[tuple[Fate, list[int], list[int]]]) -> None:
+        for fate, ids, labels in results:
+            self.fates.append(fate)
+            if not fate.kept:
+                self.record_example.append(-1)
+                continue
+            ids_arr = np.asarray(ids, dtype=np.int32)
+            labels_arr = np.asarray(labels, dtype=np.int64)
+            mask = labels_arr != IGNORE_INDEX
+            if not np.array_equal(labels_arr[mask], ids_arr[mask]):  # the 1-byte mask could not hold them
+                raise AssertionError("a label differs from its token id; the token store cannot hold it")
+            self.ids.write(ids_arr.tobytes())
+            self.mask.write(mask.astype(np.uint8).tobytes())
+            self.record_example.append(len(self.trainable))
+            self.trainable.append(int(mask.sum()))
+            self.offsets.append(self.offsets[-1] + len(ids_arr))
+            self.lengths.append(len(ids_arr))
+
+    def report(self, cfg: DataConfig) -> DataReport:
+        return report_of([Fate(f) for f in self.fates], self.lengths, list(self.trainable), cfg.max_length,
+                         cfg.overlong)
+
+    def finish(self, cfg: DataConfig, key: str) -> None:
+        self.ids.close()
+        self.mask.close()
+        for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("record_fate", self.fates),
+                             ("record_example", self.record_example)):
+            (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
+        counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
+                  "trainable": len(self.trainable), "record_fate": len(self.fates),
+                  "record_example": len(self.record_example)}
+        files = {f"{name}.bin": {"size": (self.folder / f"{name}.bin").stat().st_size,
+                                 HASH: _file_hash(self.folder / f"{name}.bin")} for name in ARRAYS}
+        manifest = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
+                    "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
+                    "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg)), "files": files}
+        (self.folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _map(path: Path, dtype, count: int) -> np.ndarray:
+    if count == 0:
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def _file_hash(path: Path) -> str:
+    digest = hashlib.new(HASH)
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class _locked:
+    """An exclusive ``flock`` on ``path`` for the duration of a ``with`` block (released if the process dies)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        self.file = self.path.open("a+")
+        fcntl.flock(self.file, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.file, fcntl.LOCK_UN)
+        self.file.close()
