@@ -21,8 +21,8 @@ TIMEOUT_S = 5.0
 
 
 # The data files anyfit reads; a data.path with one of these (or another data-like suffix) is a local file.
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-DATA_LIKE_SUFFIXES = DATA_SUFFIXES + (".csv", ".tsv", ".txt", ".arrow", ".ndjson", ".gz", ".zst")
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
+DATA_LIKE_SUFFIXES = DATA_SUFFIXES + (".tsv", ".txt", ".arrow", ".ndjson", ".gz", ".zst")
 
 
 def looks_local(name: str) -> bool:
@@ -35,9 +35,10 @@ def data_looks_local(spec: str) -> bool:
     """Whether ``data.path`` is meant as a local path rather than a hub name like ``openai/gsm8k``.
 
     A hub name has at most one slash and no file suffix; anything that exists here, has a data-file suffix,
-    an explicit relative/absolute prefix or more than one slash, or whose first folder exists here is local.
+    an explicit relative/absolute prefix or more than one slash, a glob's ``*?[``, or whose first folder exists
+    here is local.
     """
-    if Path(spec).expanduser().exists() or spec.lower().endswith(DATA_LIKE_SUFFIXES) or "\\" in spec:
+    if Path(spec).expanduser().exists() or spec.lower().endswith(DATA_LIKE_SUFFIXES) or any(c in spec for c in "\\*?["):
         return True
     if spec.startswith(("/", "./", "../", "~")) or spec.count("/") > 1:
         return True

@@ -1,237 +1,184 @@
-"""Reading raw training records: local .jsonl/.json/.parquet files, local folders of them, or hub datasets.
+"""Where the raw training records come from: a local .jsonl/.json/.parquet/.csv file, a folder of them split by
+file name, a glob of shards (``data/train-*.jsonl``), or a hub dataset through ``datasets``.
 
-The result is a list of dicts, one per record, with the split slice (``train[:500]``) and ``num_samples``
-applied. It is a ``Records`` list, which also knows where each record came from (``file:line`` for JSON
-Lines), so a later error about a record can name the place to fix. What the fields mean is decided later,
-in ``anyfit.data.formats``.
+``iter_records`` yields the records of ``data.split`` (slicing included: ``train[:500]``, ``train[10%:20%]``,
+``train[:10]+test[:5]``) cut to ``data.num_samples``, in batches, as a stream: memory holds about one batch,
+whatever the size of the data. ``load_records`` is the same records in one list. Each batch is a ``Records``
+list, which also knows where each record came from (``file:line`` for JSON Lines and CSV), so a later error
+about a record can name the place to fix. What the fields mean is decided later, in ``anyfit.data.formats``;
+how each file format is read, in ``anyfit.data.readers``.
 
-Files are read as UTF-8 (a leading byte-order mark is skipped); anything else is an error that names the
-file, line and byte offset rather than text decoded wrongly.
+``source_fingerprint`` names the records a config reads by their content (the files' bytes, or the hub
+dataset's fingerprint), for a cache of what is made from them.
 """
 
 from __future__ import annotations
 
-import bisect
-import codecs
+import glob
+import hashlib
 import json
-from collections.abc import Callable, Iterable
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from anyfit.config import DataConfig
-from anyfit.hub import DATA_LIKE_SUFFIXES, DATA_SUFFIXES, check_dataset_id, data_looks_local, innermost_message
+from anyfit.data.readers import LOCAL_SUFFIXES, DataError, Records, check_readable, concat, count_rows, read_file
+from anyfit.hub import DATA_LIKE_SUFFIXES, check_dataset_id, data_looks_local, innermost_message
 
-# Suffixes read here; anything else that looks like a file is an error rather than a hub lookup.
-LOCAL_SUFFIXES = DATA_SUFFIXES
-# Leading bytes of files that are often given a .jsonl/.json name by mistake.
-_MAGIC = {b"\x1f\x8b": "gzip-compressed: decompress it first (gunzip)",
-          b"\x28\xb5\x2f\xfd": "zstd-compressed: decompress it first (zstd -d)",
-          b"PAR1": "a Parquet file: give it the suffix .parquet",
-          b"PK\x03\x04": "a zip archive: extract it first"}
+__all__ = ["DataError", "Records", "iter_records", "load_records", "source_fingerprint", "FINGERPRINT_VERSION"]
 
-
-class DataError(ValueError):
-    """A problem with the training data; the message says where and what to change."""
+# Part of every source_fingerprint: raise it when reading the same bytes can give other records (a reader's rules).
+FINGERPRINT_VERSION = 1
+_GLOB_MAGIC = re.compile(r"[*?\[]")
+# A slice's end when the split's length is not counted: "to the end".
+_UNCOUNTED = 2**62
+_HASH_BLOCK = 1 << 20
 
 
-class Records(list):
-    """Loaded records (a plain list of dicts) that remember where each came from, for error messages.
+@dataclass
+class _Local:
+    """Local files: each split's files in reading order."""
 
-    ``locate(i)`` names record i's place, e.g. ``data.jsonl:12``. Slicing with step 1 (the split slice,
-    ``num_samples``) keeps the places; any other list operation gives a plain list, whose records are
-    then named by their position alone.
+    splits: dict[str, list[Path]]
+    where: str  # the data, as the 'holds no records' message names it
+    what: str  # the data, as the 'not a valid split' message names it
+    base: Path  # file names in the fingerprint are relative to this
+    counts: dict[Path, int] = field(default_factory=dict)
+
+    def count(self, path: Path) -> int:
+        if path not in self.counts:
+            self.counts[path] = count_rows(path)
+        return self.counts[path]
+
+
+@dataclass
+class _Hub:
+    ds: Any  # the loaded split, a datasets.Dataset
+    where: str
+
+
+def iter_records(cfg: DataConfig, batch_size: int = 1024) -> Iterator[Records]:
+    """The records of ``cfg.path`` for ``cfg.split`` (slicing included), cut to ``cfg.num_samples``, in batches of
+    ``batch_size`` (the last may be smaller), read as a stream.
+
+    Where the data is, the split and its slice are checked now (and rows counted when the slice needs the
+    length: percentages, negative indices); the records are read as the batches are asked for, so a bad record
+    is a DataError raised by the iteration. Rows outside the slice are not parsed. Each batch's ``locate(i)``
+    names record i's place in its file.
     """
-
-    def __init__(self, records: Iterable[dict[str, Any]] = (), locate: Callable[[int], str] | None = None):
-        super().__init__(records)
-        self.locate = locate or (lambda i: f"record {i}")
-
-    def __getitem__(self, key):
-        items = super().__getitem__(key)
-        if isinstance(key, slice):
-            start, _, step = key.indices(len(self))
-            if step == 1:
-                return Records(items, lambda i, parent=self.locate, start=start: parent(start + i))
-        return items
-
-    def __reduce__(self):
-        # The places serve error messages only; a pickled copy (sent to another process) is a plain list.
-        return list, (list(self),)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    source = _resolve(cfg)
+    if isinstance(source, _Hub):
+        chunks = _hub_chunks(source.ds, f"{cfg.path} ({cfg.split})", batch_size)
+    else:
+        chunks = _local_chunks(source, _slices(source, cfg.split), batch_size)
+    return _batches(chunks, cfg, source.where, batch_size)
 
 
 def load_records(cfg: DataConfig) -> Records:
     """All records of ``cfg.path`` for ``cfg.split`` (slicing included), cut to ``cfg.num_samples``."""
+    return concat(list(iter_records(cfg, batch_size=8192)))
+
+
+def source_fingerprint(cfg: DataConfig) -> str:
+    """A hex sha256 that changes whenever the records ``iter_records(cfg)`` yields can change.
+
+    It covers ``data.path``, ``data.subset``, ``data.split``, ``data.num_samples``, ``FINGERPRINT_VERSION`` and
+    the content: for local data the full sha256 of every file of the splits named (all of them, also those a
+    slice does not reach), each named relative to the folder (or the pattern's folder, or the file's own
+    name); for a hub dataset the ``datasets`` fingerprint of the loaded split. No absolute path or time is in
+    it, so the same files give the same value on any machine. ``data.path`` is taken as written: the same
+    relative path run from another folder with the same layout gives the same value; another absolute path
+    to a copy gives another.
+    """
+    source = _resolve(cfg)
+    key: dict[str, Any] = {"version": FINGERPRINT_VERSION, "path": cfg.path, "subset": cfg.subset,
+                           "split": cfg.split, "num_samples": cfg.num_samples}
+    if isinstance(source, _Hub):
+        key["hub"] = source.ds._fingerprint
+    else:
+        files = {p for paths in source.splits.values() for p in paths}
+        key["files"] = sorted([Path(os.path.relpath(p, source.base)).as_posix(), _file_sha256(p)] for p in files)
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    buffer = bytearray(_HASH_BLOCK)
+    view = memoryview(buffer)
+    try:
+        with path.open("rb", buffering=0) as f:
+            while n := f.readinto(buffer):
+                digest.update(view[:n])
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the file ({e.strerror or e}).") from None
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------- resolution
+
+
+def _resolve(cfg: DataConfig) -> _Local | _Hub:
+    """Where ``cfg.path`` points, with the files of the splits ``cfg.split`` names (a hub dataset: loaded)."""
     if not cfg.path:
-        raise DataError("data.path is empty: set it to a .jsonl/.json/.parquet file or a hub dataset name "
-                        "(e.g. data.path=openai/gsm8k data.subset=main).")
+        raise DataError("data.path is empty: set it to a .jsonl/.json/.parquet/.csv file, a folder or a glob of them, "
+                        "or a hub dataset name (e.g. data.path=openai/gsm8k data.subset=main).")
     if cfg.num_samples is not None and cfg.num_samples < 1:
         raise DataError(f"data.num_samples must be at least 1 (or unset for all), got {cfg.num_samples}.")
 
     path = Path(cfg.path).expanduser()
     if path.is_file():
-        if "+" in cfg.split:
-            raise DataError(f"data.split={cfg.split!r} combines splits, but {path} is a single file; use one slice "
-                            "such as 'train[:500]'.")
+        _one_split(cfg.split, f"{path} is a single file")
+        check_readable(path)
         # A single file holds one split, so only the slice matters and the split name is not checked
         # (data.split=test[:100] on test.jsonl reads its first 100 records).
-        name = cfg.split.split("[", 1)[0].strip() or "train"
-        records = _slice({name: _read_local_file(path)}, cfg.split, str(path))
-        where = str(path)
-    elif path.is_dir():
-        records = _slice(_read_folder(path, cfg.split), cfg.split, f"folder {path}")
-        where = f"{path} ({cfg.split})"
-    elif not data_looks_local(cfg.path):
-        records = _load_with_datasets(cfg)
-        where = f"{cfg.path} ({cfg.split})"
-    else:
-        raise DataError(
-            f"Data file {cfg.path} does not exist (looked for {path.resolve()}). Check data.path: relative paths "
-            f"are taken from the current directory ({Path.cwd()}). For a hub dataset use its name, e.g. "
-            "data.path=openai/gsm8k.")
-
-    if not records:
-        raise DataError(f"{where} holds no records (split {cfg.split!r}); check data.path and data.split.")
-    if cfg.num_samples is not None:
-        records = records[: cfg.num_samples]
-    return records
+        return _Local({_split_name(cfg.split): [path]}, str(path), str(path), path.parent)
+    if path.is_dir():
+        return _Local(_folder_files(path, cfg.split), f"{path} ({cfg.split})", f"folder {path}", path)
+    if _GLOB_MAGIC.search(cfg.path):
+        return _glob(cfg)
+    if not data_looks_local(cfg.path):
+        return _Hub(_load_with_datasets(cfg), f"{cfg.path} ({cfg.split})")
+    raise DataError(
+        f"Data file {cfg.path} does not exist (looked for {path.resolve()}). Check data.path: relative paths "
+        f"are taken from the current directory ({Path.cwd()}). For a hub dataset use its name, e.g. "
+        "data.path=openai/gsm8k.")
 
 
-def _read_local_file(path: Path) -> Records:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return _read_jsonl(path, _read_text(path))
-    if suffix == ".json":
-        return _read_json(path)
-    if suffix == ".parquet":
-        return _read_parquet(path)
-    raise DataError(f"{path}: unsupported file type {suffix!r}; anyfit reads {', '.join(LOCAL_SUFFIXES)} files "
-                    "(or a folder of them, or a hub dataset through `datasets`).")
+def _split_name(split: str) -> str:
+    return split.split("[", 1)[0].strip() or "train"
 
 
-def _read_text(path: Path) -> str:
-    """The file as UTF-8 text, without a leading byte-order mark; a DataError at the first byte that is not UTF-8."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:  # no permission, a file that vanished, a network share that went away
-        raise DataError(f"{path}: cannot read the file ({e.strerror or e}).") from None
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise DataError(f"{path} is UTF-16 text, but anyfit reads UTF-8: re-encode it, e.g. "
-                        f"iconv -f UTF-16 -t UTF-8 {path} > {_utf8_name(path)}")
-    for magic, what in _MAGIC.items():
-        if data.startswith(magic):
-            raise DataError(f"{path} is {what}.")
-    # Editors on Windows often start UTF-8 files with a byte-order mark; it is not part of the data.
-    skipped = len(codecs.BOM_UTF8) if data.startswith(codecs.BOM_UTF8) else 0
-    try:
-        return data[skipped:].decode("utf-8")
-    except UnicodeDecodeError as e:
-        offset = skipped + e.start  # in the file, as `cmp`/`xxd` count
-        line_start = data.rfind(b"\n", 0, offset) + 1
-        line = data.count(b"\n", 0, offset) + 1
-        before = data[line_start:offset].decode("utf-8", errors="replace")[-30:]
-        raise DataError(
-            f"{path}:{line}: not UTF-8 text: byte 0x{data[offset]:02x} at byte offset {offset} (column "
-            f"{offset - line_start + 1} of line {line}, after {before!r}). anyfit reads UTF-8 only and does not "
-            f"guess: re-encode the file, e.g. iconv -f LATIN1 -t UTF-8 {path} > {_utf8_name(path)} "
-            f"(LATIN1 or CP1252 for most Western-European exports; `file -i {path}` guesses the encoding).") from None
+def _one_split(split: str, what: str) -> None:
+    if "+" in split:
+        raise DataError(f"data.split={split!r} combines splits, but {what}; use one slice such as 'train[:500]'.")
 
 
-def _utf8_name(path: Path) -> Path:
-    return path.with_name(f"{path.stem}.utf8{path.suffix}")
+def _glob(cfg: DataConfig) -> _Local:
+    """Shards named by a pattern (``data/train-*.jsonl``, ``shards/*.parquet``; ``**`` for any depth), read in
+    the order of their paths as one split."""
+    pattern = os.path.expanduser(cfg.path)
+    files = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+    if not files:
+        raise DataError(f"data.path={cfg.path!r} matches no files (relative patterns are taken from {Path.cwd()}); "
+                        "check the pattern, e.g. data.path='data/train-*.jsonl'.")
+    unread = [p for p in files if Path(p).suffix.lower() not in LOCAL_SUFFIXES]
+    if unread:
+        raise DataError(f"data.path={cfg.path!r} matches {', '.join(unread[:3])}{', ...' if len(unread) > 3 else ''}, "
+                        f"which anyfit does not read (it reads {', '.join(LOCAL_SUFFIXES)}); narrow the pattern, e.g. "
+                        "to *.jsonl.")
+    _one_split(cfg.split, f"data.path={cfg.path!r} is one set of files")
+    base = os.path.dirname(pattern[: _GLOB_MAGIC.search(pattern).start()]) or "."
+    return _Local({_split_name(cfg.split): [Path(p) for p in files]}, f"{cfg.path} ({len(files)} files)",
+                  f"the files of {cfg.path}", Path(base))
 
 
-def _read_jsonl(path: Path, text: str) -> Records:
-    # Parsed line by line by hand (not via `datasets`) so a bad line is reported as file:line with its text.
-    # Lines end at "\n" only (a "\r" before it is JSON whitespace): str.splitlines would also split at
-    # U+2028, U+0085 and other characters that JSON writers leave unescaped inside strings.
-    records, lines = [], []
-    for lineno, line in enumerate(text.split("\n"), start=1):
-        if not line.strip():
-            continue
-        if not records and line.lstrip().startswith("["):
-            whole = _parse_json_array(text)  # a JSON array saved as .jsonl: `datasets` reads it too
-            if whole is not None:
-                return _from_json_array(path, whole)
-        record = _parse(line, f"{path}:{lineno}")
-        if not isinstance(record, dict):
-            raise DataError(f"{path}:{lineno}: each line must be a JSON object {{...}}, got "
-                            f"{type(record).__name__}: {_snippet(line)}")
-        records.append(record)
-        lines.append(lineno)
-    return Records(records, lambda i: f"{path}:{lines[i]}")
-
-
-def _parse(text: str, where: str) -> Any:
-    """One JSON value; every way it can fail is a DataError naming ``where``."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        msg = e.msg.removesuffix(" at")  # "Invalid control character at" -> the column follows
-        raise DataError(f"{where}: not valid JSON ({msg}, column {e.colno}): {_snippet(text)}") from None
-    except ValueError as e:  # an integer of more than 4300 digits
-        raise DataError(f"{where}: a number in this line is too long to read ({e}).") from None
-    except RecursionError:
-        raise DataError(f"{where}: the JSON is nested too deeply to read.") from None
-
-
-def _parse_json_array(text: str) -> list | None:
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-    return data if isinstance(data, list) else None
-
-
-def _read_json(path: Path) -> Records:
-    text = _read_text(path)
-    if not text.strip():
-        raise DataError(f"{path} is empty: it should hold a JSON list of records.")
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":
-            # One object per line saved as .json is common; `datasets` reads those too, so do the same.
-            return _read_jsonl(path, text)
-        raise DataError(f"{path}:{e.lineno}: not valid JSON ({e.msg.removesuffix(' at')}, column {e.colno}).") from None
-    except ValueError as e:
-        raise DataError(f"{path}: a number in the file is too long to read ({e}).") from None
-    except RecursionError:
-        raise DataError(f"{path}: the JSON is nested too deeply to read.") from None
-    key = None
-    if isinstance(data, dict):
-        lists = {k: v for k, v in data.items() if isinstance(v, list)}
-        if len(lists) != 1:
-            raise DataError(f"{path}: expected a list of records, or an object with one list of records such as "
-                            f'{{"data": [...]}}; found keys {sorted(data)}.')
-        ((key, data),) = lists.items()
-    if not isinstance(data, list):
-        raise DataError(f"{path}: expected a list of records, got {type(data).__name__}.")
-    return _from_json_array(path, data, key)
-
-
-def _from_json_array(path: Path, data: list, key: str | None = None) -> Records:
-    where = f"{path} '{key}' record" if key else f"{path} record"
-    for i, record in enumerate(data):
-        if not isinstance(record, dict):
-            raise DataError(f"{where} {i} must be a JSON object {{...}}, got {type(record).__name__}: "
-                            f"{_snippet(json.dumps(record))}")
-    return Records(data, lambda i: f"{where} {i}")
-
-
-def _read_parquet(path: Path) -> Records:
-    import pyarrow as pa
-    import pyarrow.parquet as pq  # a dependency of `datasets`; read directly to skip its cache
-
-    try:
-        rows = pq.read_table(path).to_pylist()
-    except (pa.ArrowException, OSError) as e:
-        raise DataError(f"{path} is not a readable Parquet file ({e}). Check that it was written completely, "
-                        "or give the data as .jsonl.") from None
-    return Records(rows, lambda i: f"{path} row {i}")
-
-
-def _read_folder(path: Path, split: str) -> dict[str, Records]:
-    """The records of the splits ``split`` names, from a folder split by file name as `datasets` does
+def _folder_files(path: Path, split: str) -> dict[str, list[Path]]:
+    """The files of the splits ``split`` names, from a folder split by file name as `datasets` does
     (train.jsonl, test-*.parquet, train/...; every file is 'train' when no name says otherwise). Each file is
     read here, so errors name the file and line; files of the other splits are not read."""
     from datasets.data_files import DataFilesDict, EmptyDatasetError, get_data_patterns
@@ -239,10 +186,10 @@ def _read_folder(path: Path, split: str) -> dict[str, Records]:
     try:
         files = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
     except EmptyDatasetError:
-        raise DataError(f"Data folder {path} holds no data files: put .jsonl/.json/.parquet files in it (e.g. "
+        raise DataError(f"Data folder {path} holds no data files: put .jsonl/.json/.parquet/.csv files in it (e.g. "
                         "train.jsonl, test.jsonl) or set data.path to a file.") from None
-    names = {part.split("[", 1)[0].strip() for part in split.split("+")}
-    unknown = sorted(names - set(map(str, files)))
+    names = list(dict.fromkeys(part.split("[", 1)[0].strip() for part in split.split("+")))
+    unknown = sorted(set(names) - set(map(str, files)))
     if unknown:
         raise DataError(f"data.split={split!r}: data folder {path} has no split {unknown[0]!r}; its splits (from the "
                         f"file names) are {', '.join(map(str, files))}.")
@@ -257,72 +204,93 @@ def _read_folder(path: Path, split: str) -> dict[str, Records]:
                             "file. A folder written by Dataset.save_to_disk can be exported with ds.to_json(...).")
         readable = [p for p in paths if p.suffix.lower() in LOCAL_SUFFIXES]
         if not readable:
-            raise DataError(f"Data folder {path} holds no .jsonl/.json/.parquet files for split {name!r}; set "
+            raise DataError(f"Data folder {path} holds no .jsonl/.json/.parquet/.csv files for split {name!r}; set "
                             "data.path to the data file.")
-        splits[name] = _concat([_read_local_file(p) for p in readable])
+        splits[name] = readable
     return splits
 
 
-def _concat(parts: list[Records]) -> Records:
-    starts = [0]
-    for part in parts:
-        starts.append(starts[-1] + len(part))
-
-    def locate(i: int) -> str:
-        k = bisect.bisect_right(starts, i) - 1
-        return parts[k].locate(i - starts[k])
-
-    return Records([r for part in parts for r in part], locate)
+# ---------------------------------------------------------------------------------------------- slicing
 
 
-def _slice(splits: dict[str, Records], split: str, where: str) -> Records:
-    """Apply ``train[:500]``-style slicing (``+`` joins splits) with the syntax and the rounding of percentages
-    of ``datasets.ReadInstruction``, so local and hub data agree."""
+def _slices(source: _Local, split: str) -> list[tuple[list[Path], int, int | None]]:
+    """(files, first row, end row or None for all) of each part of ``split`` (``+`` joins parts), with the syntax
+    and the rounding of percentages of ``datasets.ReadInstruction``, so local and hub data agree. Rows are
+    counted only when the slice needs the length (percentages, negative indices)."""
     from datasets import ReadInstruction
 
+    if re.search(r"\[[^\]]*[-%]", split):
+        lengths = {name: sum(source.count(p) for p in files) for name, files in source.splits.items()}
+    else:
+        lengths = dict.fromkeys(source.splits, _UNCOUNTED)
     try:
-        instructions = ReadInstruction.from_spec(split).to_absolute({k: len(v) for k, v in splits.items()})
+        instructions = ReadInstruction.from_spec(split).to_absolute(lengths)
     except (ValueError, AssertionError) as e:
-        raise DataError(f"data.split={split!r} is not a valid split of {where}: {e}. Use e.g. 'train', "
+        raise DataError(f"data.split={split!r} is not a valid split of {source.what}: {e}. Use e.g. 'train', "
                         "'train[:500]', 'train[10:20]' or 'train[10%:]'.") from None
-    parts = [splits[i.splitname][i.from_:i.to] for i in instructions]
-    return parts[0] if len(parts) == 1 else _concat(parts)
+    return [(source.splits[i.splitname], i.from_, None if i.to >= _UNCOUNTED else i.to) for i in instructions]
 
 
-def _load_with_datasets(cfg: DataConfig) -> Records:
+def _local_chunks(source: _Local, parts: list[tuple[list[Path], int, int | None]],
+                  batch_size: int) -> Iterator[Records]:
+    """The rows of each part, file after file; a file that ends before a part's first row is counted, not read."""
+    for files, start, stop in parts:
+        for path in files:
+            if stop is not None and stop <= start:
+                break
+            if start > 0 and path is not files[-1]:
+                n = source.count(path)
+                if start >= n:
+                    start, stop = start - n, None if stop is None else stop - n
+                    continue
+            got = 0
+            for chunk in read_file(path, start, stop, batch_size):
+                got += len(chunk)
+                yield chunk
+            start, stop = 0, None if stop is None else stop - start - got
+
+
+def _hub_chunks(ds, where: str, batch_size: int) -> Iterator[Records]:
+    # Arrow batches of the memory-mapped split, as Dataset.to_list() gives them (no feature decoding).
+    table = ds.with_format("arrow")
+    for start in range(0, len(ds), batch_size):
+        yield Records(table[start:start + batch_size].to_pylist(), lambda i, s=start: f"{where} row {s + i}")
+
+
+def _batches(chunks: Iterator[Records], cfg: DataConfig, where: str, batch_size: int) -> Iterator[Records]:
+    """``chunks`` cut to ``cfg.num_samples`` (reading stops there) in batches of exactly ``batch_size`` (the
+    last may be smaller); a DataError at the end when there was no record at all."""
+    parts, held, total = [], 0, 0
+    for chunk in chunks:
+        if cfg.num_samples is not None:
+            chunk = chunk[: cfg.num_samples - total]
+        total += len(chunk)
+        while chunk:
+            take = chunk[: batch_size - held]
+            chunk = chunk[len(take):]
+            parts.append(take)
+            held += len(take)
+            if held == batch_size:
+                yield concat(parts)
+                parts, held = [], 0
+        if cfg.num_samples is not None and total >= cfg.num_samples:
+            break
+    if parts:
+        yield concat(parts)
+    if not total:
+        raise DataError(f"{where} holds no records (split {cfg.split!r}); check data.path and data.split.")
+
+
+def _load_with_datasets(cfg: DataConfig):
     import datasets
 
     check_dataset_id(cfg.path)  # typos and an unreachable hub: one line at once, not 30 s of retries
     try:
-        ds = datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
+        return datasets.load_dataset(cfg.path, cfg.subset, split=cfg.split)
     except (datasets.exceptions.DatasetsError, OSError, ConnectionError, ValueError) as e:
         # OSError covers missing files and the hub client's HTTP and offline errors.
         raise DataError(
             f"Could not load dataset {cfg.path!r} (subset {cfg.subset!r}, split {cfg.split!r}): "
             f"{innermost_message(e)} If this is meant as a local file, give its path with the suffix (.jsonl, .json, "
-            ".parquet); for a hub dataset check the name, data.subset and data.split, and that the hub is reachable "
-            "(or the dataset cached).") from e
-    return Records(ds.to_list(), lambda i: f"{cfg.path} ({cfg.split}) row {i}")
-
-
-def _snippet(line: str, width: int = 80) -> str:
-    line = line.strip()
-    return repr(line if len(line) <= width else line[:width] + "...")
-
-
-
-# TEMPORARY: replaced by the streaming readers (stream-sources branch).
-def iter_records(cfg: DataConfig, batch_size: int = 1024):
-    records = load_records(cfg)
-    for start in range(0, len(records), batch_size):
-        yield records[start:start + batch_size]
-
-
-def source_fingerprint(cfg: DataConfig) -> str:
-    import hashlib
-
-    digest = hashlib.sha256(json.dumps([cfg.path, cfg.subset, cfg.split, cfg.num_samples]).encode())
-    path = Path(cfg.path).expanduser()
-    for f in sorted(p for p in ([path] if path.is_file() else path.rglob("*")) if p.is_file()) if path.exists() else []:
-        digest.update(f.read_bytes())
-    return digest.hexdigest()
+            ".parquet, .csv); for a hub dataset check the name, data.subset and data.split, and that the hub is "
+            "reachable (or the dataset cached).") from e

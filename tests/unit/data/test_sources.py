@@ -114,9 +114,9 @@ def test_empty_file(tmp_path):
 
 
 def test_unsupported_suffix(tmp_path):
-    path = tmp_path / "d.csv"
-    path.write_text("a,b\n1,2\n")
-    with pytest.raises(DataError, match="unsupported file type '.csv'"):
+    path = tmp_path / "d.tsv"
+    path.write_text("a\tb\n1\t2\n")
+    with pytest.raises(DataError, match="unsupported file type '.tsv'"):
         load_records(DataConfig(path=str(path)))
 
 
@@ -140,8 +140,8 @@ def test_folder_errors_name_the_file_and_line(tmp_path):
         load_records(DataConfig(path=str(folder), split="test"))
     with pytest.raises(DataError, match=r"no split 'validation'; its splits \(from the file names\) are train, test"):
         load_records(DataConfig(path=str(folder), split="validation"))
-    (folder / "train-2.csv").write_text("a,b\n")
-    with pytest.raises(DataError, match=r"holds train-2\.csv, which anyfit does not read"):
+    (folder / "train-2.tsv").write_text("a\tb\n")
+    with pytest.raises(DataError, match=r"holds train-2\.tsv, which anyfit does not read"):
         load_records(DataConfig(path=str(folder)))
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="holds no data files"):
