@@ -164,6 +164,7 @@ def test_a_store_maps_the_same_files_in_another_process(tokenizer, tmp_path):
     assert len(pickle.dumps(store)) < 1000  # the path, not the data
 
 
+@pytest.mark.multiprocess
 def test_parallel_build_gives_the_same_store(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", problems(2600))
     one = open_or_build(data_cfg(path, tmp_path / "a", "data.template=chat", "data.num_proc=1"), tokenizer,
@@ -196,6 +197,7 @@ def half_written(stores: Path) -> bool:
                                    and (p / "input_ids.bin").stat().st_size > 0 for p in stores.iterdir())
 
 
+@pytest.mark.multiprocess
 def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tmp_path):
     """SIGKILL while tokenizing: only a temporary folder is left, and the next prepare builds a complete store."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
@@ -217,6 +219,7 @@ def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tm
     assert len(TokenStore.open(store)) > 10_000
 
 
+@pytest.mark.multiprocess
 def test_two_processes_one_builds_the_other_waits_and_reuses(big_config):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     runs = [prepare_command(big_config, env) for _ in range(2)]
