@@ -81,6 +81,10 @@ def plan_downloads(cfg: Config) -> list[Download]:
     d = cfg.data
     if d.path:
         plan.append(Download("dataset", "data.path", d.path, data_looks_local(d.path), subset=d.subset, split=d.split))
+    for i, entry in enumerate(d.mix):  # several sources: each entry's keys over data.*
+        path, subset, split = entry["path"], entry.get("subset", d.subset), entry.get("split", d.split)
+        plan.append(Download("dataset", f"data.mix[{i}].path", path, data_looks_local(path), subset=subset,
+                             split=split))
     e = cfg.eval
     if e.path or e.split:
         # eval.path defaults to data.path; the eval data are read with the data.* settings (subset included).

@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from anyfit.cli.common import config_and_overrides, config_args, load
+from anyfit.cli.common import config_and_overrides, config_args
 from anyfit.config import ConfigError, load_config, set_by_user
 from anyfit.runfolder import run_config_path
 
@@ -101,11 +101,14 @@ def cmd_eval(args) -> int:
     # A training output folder is evaluated with its run's settings (prompt layout, tokenizer, ...) as the
     # base, so the model sees the prompts it was trained on; the file and the overrides come on top.
     base = run_config_path(args.model) if args.model and Path(args.model).is_dir() else None
-    cfg = load(args, base=base)
+    config, overrides = config_and_overrides(args)
+    if base is not None and load_config(base).data.mix:  # trained on several sources: eval reads one data.path
+        overrides = ["data.mix=[]", *overrides]
+    cfg = load_config(config, overrides, base=base, echo=print if base else None)
     model = args.model or cfg.model.name_or_path
     if not model:
         raise ConfigError("No model to evaluate: give --model MODEL_OR_OUTPUT_DIR (or model.name_or_path=...).")
-    if base is not None and not set_by_user(*config_and_overrides(args), "data.path"):
+    if base is not None and not set_by_user(config, [o for o in overrides if o != "data.mix=[]"], "data.path"):
         if not (cfg.eval.path or cfg.eval.split):
             raise ConfigError(f"{model} was trained on {cfg.data.path}; say what to evaluate it on with "
                               "data.path=... (and data.split=...), e.g. a held-out file.")

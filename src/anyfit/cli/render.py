@@ -13,30 +13,35 @@ def cmd_render(args) -> int:
     cfg = load(args)
     # start-up time: tokenizers and data readers load only when the command runs
     from anyfit.data.formats import to_examples
+    from anyfit.data.mixture import sources_of
     from anyfit.data.sources import iter_records
     from anyfit.data.store import open_or_build
     from anyfit.data.tokenization import show_example, tokenize_example
     from anyfit.model.loading import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
+    sources = sources_of(cfg.data)
+    if not 0 <= args.source < len(sources):
+        raise ConfigError(f"--source {args.source} is out of range: the config has {len(sources)} data source(s).")
+    data = sources[args.source][0]  # data.path, or one data.mix entry with its own settings
     # The whole data set's report comes from its token store (built once, as training would build it).
-    store = open_or_build(cfg.data, tokenizer, echo=lambda line: print(line, file=sys.stderr))
+    store = open_or_build(data, tokenizer, echo=lambda line: print(line, file=sys.stderr))
     if not 0 <= args.index < store.records:
         raise ConfigError(f"--index {args.index} is out of range: the data has {store.records} records.")
     start = 0
-    for batch in iter_records(cfg.data):  # read up to record N only
+    for batch in iter_records(data):  # read up to record N only
         if args.index < start + len(batch):
             record = batch[args.index - start:args.index - start + 1]
             break
         start += len(batch)
     # Show record N itself (even one the length policy would cut or drop), then what the policy does overall.
-    ids, labels = tokenize_example(to_examples(record, cfg.data)[0], tokenizer, cfg.data)
+    ids, labels = tokenize_example(to_examples(record, data)[0], tokenizer, data)
     color = sys.stdout.isatty() and not args.no_color
-    print(f"record {args.index} of {cfg.data.path}:\n")
+    print(f"record {args.index} of {data.path}:\n")
     print(show_example(ids, labels, tokenizer, color=color))
-    if len(ids) > cfg.data.max_length:
-        print(f"\n(this record has {len(ids)} tokens, over data.max_length={cfg.data.max_length}: "
-              f"it is {'cut' if cfg.data.overlong == 'truncate' else 'dropped'} in training)")
+    if len(ids) > data.max_length:
+        print(f"\n(this record has {len(ids)} tokens, over data.max_length={data.max_length}: "
+              f"it is {'cut' if data.overlong == 'truncate' else 'dropped'} in training)")
     print(f"\nwhole dataset: {store.report.summary()}")
     return 0
 
@@ -46,4 +51,5 @@ def register(sub) -> None:
     config_args(p)
     p.add_argument("--index", type=int, default=0, help="Which example (after filtering).")
     p.add_argument("--no-color", action="store_true", help="Mark trained tokens with brackets instead of colour.")
+    p.add_argument("--source", type=int, default=0, help="With data.mix: which source (0 is the first entry).")
     p.set_defaults(func=cmd_render)

@@ -72,6 +72,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping such as {{prompt: problem}}, got {value!r}.")
         return {_coerce(k, k_tp, where): _coerce(v, v_tp, where) for k, v in value.items()}
+    if tp is Any:  # an open mapping (a data.mix entry): its keys are checked by the schema, its values below
+        return value
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{where}: expected true or false, got {value!r}.")
@@ -161,6 +163,8 @@ def build_config(values: dict[str, Any], source: dict[str, str] | None = None) -
         if isinstance(value, float) and hints[section][name] is int and value.is_integer():
             value = int(value)
         setattr(getattr(cfg, section), name, _coerce(value, hints[section][name], where))
+    cfg.data.mix = [_mix_entry(entry, hints["data"], source.get("data.mix", "config"), i)
+                    for i, entry in enumerate(cfg.data.mix)]
     validate(cfg)
     return cfg
 
@@ -231,3 +235,9 @@ def set_by_user(cfg_path: str | Path | None, overrides: list[str], key: str) -> 
     if any(o.split("=", 1)[0].strip() == key for o in overrides):
         return True
     return cfg_path is not None and key in _file_values(cfg_path)[0]
+
+
+def _mix_entry(entry: dict[str, Any], data_hints: dict[str, Any], origin: str, i: int) -> dict[str, Any]:
+    """A data.mix entry's values checked as the data.* keys they stand for (unknown keys: the schema says)."""
+    return {key: _coerce(value, data_hints[key], f"{origin}: 'data.mix[{i}].{key}'")
+            if key in data_hints and key != "mix" else value for key, value in entry.items()}

@@ -95,6 +95,12 @@ class DataConfig:
     cache_dir: str | None = _f(
         None, "Where token stores are kept: the data tokenized once and memory-mapped by every later run and "
         "process (anyfit prepare builds one ahead). Default: $ANYFIT_CACHE/tokens, else ~/.cache/anyfit/tokens.")
+    mix: list[dict[str, Any]] = _f(
+        [], "Several sources in one run instead of data.path: a list of {path, weight, ...} where each entry may set "
+        "any data.* key for itself (split, subset, fields, template, system_prompt, format, max_length, ...; the "
+        "others come from data.*) and weight is its share of every epoch (examples drawn with a seeded sample, "
+        "repeated when the share is more than the source holds). E.g. [{path: math.jsonl, weight: 3}, "
+        "{path: chat.jsonl, weight: 1, template: chat}].")
 
 
 @dataclass
@@ -254,6 +260,7 @@ def validate(cfg: Config) -> None:
     if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):
         raise ConfigError("Set either eval.holdout (records taken from the training data) or eval.path/eval.split "
                           "(separate held-out data), not both.")
+    _check_mix(cfg)
     if cfg.data.num_proc != "auto" and cfg.data.num_proc < 1:
         raise ConfigError(f"'data.num_proc' must be at least 1 or 'auto', got {cfg.data.num_proc}.")
     if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
@@ -276,10 +283,43 @@ def validate(cfg: Config) -> None:
     if unknown:
         raise ConfigError(f"'train.report_to' {unknown} is not a tracker anyfit knows; use none or any of "
                           f"{', '.join(TRACKERS)}.{suggest(unknown[0], list(TRACKERS))}")
-    if cfg.data.template not in NAMED_TEMPLATES and "{prompt}" not in cfg.data.template:
-        raise ConfigError(f"data.template={cfg.data.template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has "
-                          "no '{prompt}' placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")
+    _check_template(cfg.data.template, "data.template")
     unknown_fields = set(cfg.data.fields) - set(DATA_FIELDS)
     if unknown_fields:
         raise ConfigError(f"'data.fields' maps unknown anyfit fields {sorted(unknown_fields)}; the keys must be among "
                           f"{', '.join(DATA_FIELDS)} (the values are your column names).")
+
+
+# data.* keys a data.mix entry may set for itself (the store settings stay run-wide).
+MIX_KEYS = ("path", "subset", "split", "num_samples", "format", "fields", "template", "system_prompt", "max_length",
+            "overlong", "train_on", "add_eos")
+
+
+def _check_mix(cfg: Config) -> None:
+    """data.mix: the entries' own keys and weights (their values are typed by the loader, as data.* keys)."""
+    if not cfg.data.mix:
+        return
+    if cfg.data.path:
+        raise ConfigError("Set either data.path (one source) or data.mix (several), not both.")
+    if cfg.eval.holdout or (cfg.eval.split and not cfg.eval.path):
+        raise ConfigError("eval.holdout and eval.split alone take held-out data from the one data.path; with data.mix "
+                          "give held-out data with eval.path (and eval.split) instead.")
+    for i, entry in enumerate(cfg.data.mix):
+        where = f"data.mix[{i}]"
+        unknown = sorted(set(entry) - set(MIX_KEYS) - {"weight"})
+        if unknown:
+            raise ConfigError(f"{where} has unknown keys {unknown}; an entry may set weight and "
+                              f"{', '.join(MIX_KEYS)}.{suggest(unknown[0], [*MIX_KEYS, 'weight'])}")
+        if "template" in entry:
+            _check_template(entry["template"], f"{where}.template")
+        if not entry.get("path"):
+            raise ConfigError(f"{where} needs a path (a data file, folder, glob or hub dataset name).")
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+            raise ConfigError(f"{where}: weight must be a positive number (its share of each epoch), got {weight!r}.")
+
+
+def _check_template(template: str, key: str) -> None:
+    if template not in NAMED_TEMPLATES and "{prompt}" not in template:
+        raise ConfigError(f"{key}={template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has no '{{prompt}}' "
+                          "placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")

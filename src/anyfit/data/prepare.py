@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, to_examples
+from anyfit.data.mixture import MixedExamples, draw, sources_of
 from anyfit.data.sources import DataError, Records, iter_records
 from anyfit.data.store import Examples, open_or_build
 from anyfit.data.tokenization import DataReport, nothing_left
@@ -22,7 +23,7 @@ from anyfit.data.tokenization import DataReport, nothing_left
 
 @dataclass
 class TrainingData:
-    examples: Examples
+    examples: Examples | MixedExamples
     report: DataReport
     eval_examples: Examples | list = field(default_factory=list)  # for the validation loss
     eval_report: DataReport | None = None
@@ -39,24 +40,27 @@ def held_out_records(cfg: Config, records: int) -> list[int]:
 def eval_data_config(cfg: Config) -> DataConfig:
     """The data.* settings of separate held-out data (``eval.path``/``eval.split``)."""
     return dataclasses.replace(cfg.data, path=cfg.eval.path or cfg.data.path, split=cfg.eval.split or cfg.data.split,
-                               num_samples=None)
+                               num_samples=None, mix=[])
 
 
 def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
     """Map (or build) the token store, split off the held-out part, and check now (not after hours of training)
     that generation accuracy, when asked for, has gold answers to compare with."""
-    store = open_or_build(cfg.data, tokenizer, echo)
     held: list[int] | None = None
-    if cfg.eval.holdout:
+    if cfg.data.mix:  # several sources: a store each, drawn by weight (data.mix refuses eval.holdout)
+        examples = _mixture(cfg, tokenizer, echo)
+        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view() \
+            if cfg.eval.path or cfg.eval.split else None
+    elif cfg.eval.holdout:
+        store = open_or_build(cfg.data, tokenizer, echo)
         held = held_out_records(cfg, store.records)
         kept = set(held)
         examples = store.view([i for i in range(store.records) if i not in kept])
         eval_examples = store.view(held)
-    elif cfg.eval.path or cfg.eval.split:
-        examples = store.view()
-        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view()
     else:
-        examples, eval_examples = store.view(), None
+        examples = open_or_build(cfg.data, tokenizer, echo).view()
+        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view() \
+            if cfg.eval.path or cfg.eval.split else None
     if not len(examples):
         raise DataError(nothing_left(examples.report))
     data = TrainingData(examples, examples.report)
@@ -73,6 +77,18 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
                               "column with data.fields: {answer: ...}, or use solutions ending in \\boxed{...} "
                               "or '#### N'.")
     return data
+
+
+def _mixture(cfg: Config, tokenizer, echo) -> MixedExamples:
+    sources = sources_of(cfg.data)
+    parts = [open_or_build(source, tokenizer, echo).view() for source, _ in sources]
+    for part, (source, _) in zip(parts, sources):
+        if not len(part):
+            raise DataError(f"data.mix source {source.path}: " + nothing_left(part.report))
+    mixed = draw(parts, [w for _, w in sources], [s.path for s, _ in sources], cfg.train.seed)
+    for line in mixed.lines:
+        echo(line)
+    return mixed
 
 
 def _with_gold(cfg: DataConfig, records: list[int] | None, limit: int) -> list[Example]:
