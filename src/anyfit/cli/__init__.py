@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"anyfit: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C outside the training steps (which stop cleanly on their own)
+        print(f"anyfit: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -226,8 +226,8 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
     tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    writer = _Writer(tmp)
     try:
-        writer = _Writer(tmp)
         for results in _tokenized_batches(cfg, tokenizer):
             writer.add(results)
         if not writer.kept:
@@ -237,8 +237,8 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, KeyboardInterrupt):
-            raise KeyboardInterrupt(f"interrupted while tokenizing {cfg.path}: nothing was kept, the next run "
-                                    "tokenizes it again") from None
+            raise KeyboardInterrupt(f"stopped while tokenizing {cfg.path}, after {writer.records:,} records; nothing "
+                                    "was kept: the next run (or anyfit prepare) tokenizes it again") from None
         raise
     echo(f"[anyfit] token store: {folder} (built: {writer.records:,} records, {writer.kept:,} examples)")
 

@@ -227,3 +227,22 @@ def test_two_processes_one_builds_the_other_waits_and_reuses(big_config):
     assert [r.returncode for r in runs] == [0, 0], [o[1][-1000:] for o in outs]
     said = sorted("built" if "(built" in out else "reused" if "(reused" in out else out for out, _ in outs)
     assert said == ["built", "reused"]
+
+
+@pytest.mark.multiprocess
+def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_path):
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    victim = prepare_command(big_config, env)
+    stores = tmp_path / "stores"
+    deadline = time.time() + 120
+    while not half_written(stores):
+        assert victim.poll() is None, victim.communicate()[1][-2000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    victim.send_signal(signal.SIGINT)
+    _, err = victim.communicate(timeout=60)
+    assert victim.returncode == 130
+    lines = [line for line in err.splitlines() if line.strip() and not line.startswith("tokenize:")]
+    assert len(lines) == 1 and lines[0].startswith("anyfit: interrupted: stopped while tokenizing"), err[-2000:]
+    assert "nothing was kept" in lines[0] and "records" in lines[0]
+    assert not [p for p in stores.iterdir() if p.is_dir()]  # neither a store nor a half-written folder
