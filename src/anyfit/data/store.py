@@ -190,16 +190,33 @@ def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
     root.mkdir(parents=True, exist_ok=True)
     key = store_key(cfg, tokenizer)
     folder = root / key
+    stamp = root / f"{key}.verified"
+    launch = _launch_id()
     with _locked(root / f"{key}.lock"):
-        problem = store_problem(folder, verify=True) if folder.exists() else "missing"
+        # The processes of one launch share one check of every file's hash (about 1 s per GB, which N processes
+        # would otherwise pay in turn under the lock); the sizes are checked by each. A run of its own checks all.
+        shared = launch is not None and stamp.is_file() and stamp.read_text() == launch
+        problem = store_problem(folder, verify=not shared) if folder.exists() else "missing"
         if problem is None:
             echo(f"[anyfit] token store: {folder} (reused, nothing tokenized)")
-            return TokenStore.open(folder)
-        if folder.exists():
-            echo(f"[anyfit] token store {folder} is damaged ({problem}): building it again")
-            shutil.rmtree(folder)
-        build(cfg, tokenizer, folder, echo=echo)
+        else:
+            if folder.exists():
+                echo(f"[anyfit] token store {folder} is damaged ({problem}): building it again")
+                shutil.rmtree(folder)
+            build(cfg, tokenizer, folder, echo=echo)
+        if launch is not None:
+            stamp.write_text(launch)
     return TokenStore.open(folder)
+
+
+def _launch_id() -> str | None:
+    """The launcher process (torchrun's agent) of this process when it has siblings on this machine, else None."""
+    if int(os.environ.get("LOCAL_WORLD_SIZE", "1")) <= 1:
+        return None
+    import psutil  # a dependency of accelerate, declared by anyfit
+
+    parent = psutil.Process().parent()
+    return f"{parent.pid}:{parent.create_time()}" if parent is not None else None
 
 
 def store_problem(folder: Path, verify: bool = False) -> str | None:
