@@ -244,14 +244,16 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     writer = _Writer(tmp)
+    batches = _tokenized_batches(cfg, tokenizer)
     try:
-        for results in _tokenized_batches(cfg, tokenizer):
+        for results in batches:
             writer.add(results)
         if not writer.kept:
             raise DataError(tokenization.nothing_left(writer.report(cfg)))
         writer.finish(cfg, key=folder.name)
         tmp.rename(folder)
     except BaseException as e:
+        batches.close()  # its progress bar clears its line before anything is printed
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, KeyboardInterrupt):
             raise KeyboardInterrupt(f"stopped while tokenizing {cfg.path}, after {writer.records:,} records; nothing "
@@ -274,13 +276,20 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[list[tuple[Fate, 
     first_examples = to_examples(first, cfg)
     rest_cfg = dataclasses.replace(cfg, format=first_examples[0].kind)
     bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
-    bar.update(len(first))
-    yield tokenize_each(first_examples, tokenizer, cfg)
-    if not ahead:
+    try:
+        bar.update(len(first))
+        yield tokenize_each(first_examples, tokenizer, cfg)
+        if ahead:
+            yield from _rest(rest_cfg, tokenizer, first, ahead, batches, bar)
+    finally:
         bar.close()
-        return
+
+
+def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records], batches: Iterator[Records], bar):
+    """The batches after the first (``rest_cfg``: the format found in the first): in this process, or over a pool
+    of ``data.num_proc`` workers."""
     small = sum(map(len, ahead)) + len(first) < PARALLEL_FROM  # everything is read already
-    workers = 1 if small and cfg.num_proc == "auto" else _workers(cfg)
+    workers = 1 if small and rest_cfg.num_proc == "auto" else _workers(rest_cfg)
 
     def numbered():  # (batch, index of its first record in the data set)
         start = len(first)
@@ -292,7 +301,6 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[list[tuple[Fate, 
         for batch, start in numbered():
             bar.update(len(batch))
             yield tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg)
-        bar.close()
         return
     # spawn, not fork: the parent may hold a process group and torch's threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
@@ -307,7 +315,6 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[list[tuple[Fate, 
         for n, future in queue:
             bar.update(n)
             yield future.result()
-    bar.close()
 
 
 def _workers(cfg: DataConfig) -> int:
