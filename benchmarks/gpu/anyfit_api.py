@@ -1,0 +1,44 @@
+"""Every anyfit internal the GPU kit uses, imported here and nowhere else in benchmarks/gpu/.
+
+The kit drives anyfit through its command line (``python -m anyfit train|plan|export``) and its run folder; these
+names are for the checks that need to reach inside a run: forcing a non-finite step to see fused AdamW skip it on
+the device, comparing ``anyfit_varlen`` attention with padded attention on one batch, forcing out-of-memory errors
+for ``micro_batch: auto``'s back-off, and validating the kit's overrides.
+
+When anyfit's modules move (issue 18), only the imports below change. Importing this module fails loudly if one of
+them breaks; ``run_all.sh --dry-run`` imports it first.
+"""
+
+from __future__ import annotations
+
+from anyfit.config import ConfigError, load_config  # noqa: F401  (the typed config and its validation)
+from anyfit.data.batching import collate  # noqa: F401  (a micro-batch: padded, or packed with example boundaries)
+from anyfit.model.attention import register as register_varlen_attention  # noqa: F401  ("anyfit_varlen")
+from anyfit.training.loop import train  # noqa: F401  (train(cfg, loss_fn=...): a run in this process)
+from anyfit.training.loss import token_loss_sum  # noqa: F401  (the summed token loss of a collated batch)
+from anyfit.training.optim import build_optimizer  # noqa: F401  (fused AdamW, 8-bit AdamW, Adafactor)
+from anyfit.training.step import guarded_step, is_finite_step, skips_on_device  # noqa: F401  (the guarded update)
+
+# The names above with the module each comes from, for the dry run's report and the README.
+NAMES = {
+    "ConfigError": "anyfit.config", "load_config": "anyfit.config",
+    "collate": "anyfit.data.batching",
+    "register_varlen_attention": "anyfit.model.attention.register",
+    "train": "anyfit.training.loop",
+    "token_loss_sum": "anyfit.training.loss",
+    "build_optimizer": "anyfit.training.optim",
+    "guarded_step": "anyfit.training.step", "is_finite_step": "anyfit.training.step",
+    "skips_on_device": "anyfit.training.step",
+}
+
+
+def validate(overrides: list[str]):
+    """The config that ``python -m anyfit train <overrides>`` would run (raises ConfigError as the CLI would)."""
+    return load_config(None, list(overrides))
+
+
+if __name__ == "__main__":
+    for name, module in NAMES.items():
+        assert callable(globals()[name]) or isinstance(globals()[name], type), name
+        print(f"{name:28s} from {module}")
+    print(f"anyfit_api: all {len(NAMES)} names import")
