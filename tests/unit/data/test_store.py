@@ -198,16 +198,22 @@ def half_written(stores: Path) -> bool:
 
 
 @pytest.mark.multiprocess
-def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tmp_path):
-    """SIGKILL while tokenizing: only a temporary folder is left, and the next prepare builds a complete store."""
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    victim = prepare_command(big_config, env)
+def prepare_until_tokens(config: Path, tmp_path: Path, env: dict) -> tuple[subprocess.Popen, Path]:
+    """``anyfit prepare`` started and caught while it writes tokens (its store half-written)."""
+    victim = prepare_command(config, env)
     stores = tmp_path / "stores"
     deadline = time.time() + 120
     while not half_written(stores):
         assert victim.poll() is None, victim.communicate()[1][-2000:]
         assert time.time() < deadline
         time.sleep(0.05)
+    return victim, stores
+
+
+def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tmp_path):
+    """SIGKILL while tokenizing: only a temporary folder is left, and the next prepare builds a complete store."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    victim, stores = prepare_until_tokens(big_config, tmp_path, env)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
     assert not [p for p in stores.iterdir() if p.is_dir() and not p.name.startswith(".")]  # no store yet
@@ -232,13 +238,7 @@ def test_two_processes_one_builds_the_other_waits_and_reuses(big_config):
 @pytest.mark.multiprocess
 def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_path):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    victim = prepare_command(big_config, env)
-    stores = tmp_path / "stores"
-    deadline = time.time() + 120
-    while not half_written(stores):
-        assert victim.poll() is None, victim.communicate()[1][-2000:]
-        assert time.time() < deadline
-        time.sleep(0.05)
+    victim, stores = prepare_until_tokens(big_config, tmp_path, env)
     victim.send_signal(signal.SIGINT)
     _, err = victim.communicate(timeout=60)
     assert victim.returncode == 130
