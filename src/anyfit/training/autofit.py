@@ -7,6 +7,7 @@ from ``anyfit.data.batching.micro_batch_candidates``, the rule ``anyfit plan`` u
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from anyfit.config import ConfigError
@@ -23,7 +24,7 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
     ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's); ``agree(peak)``
     turns this process's peak into the one all processes use."""
     lengths = example_lengths(examples)  # a token store's, without reading every example
-    longest = sorted(range(len(examples)), key=lambda i: -lengths[i])
+    longest = np.argsort(-lengths, kind="stable").tolist()  # longest first; ties in example order
 
     def measured(micro: int) -> int | None:
         batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
