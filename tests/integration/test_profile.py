@@ -53,7 +53,8 @@ def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):
     assert 0 < profile["mfu"] < 1 and profile["padding_share"] == 0
     assert not (out / "model.safetensors").exists()  # a profile run keeps no model
     lines = read_metrics(out)
-    assert len(lines) == 4 and all(0 < line["mfu"] < 1 for line in lines)  # 2 warm-up + 2 profiled steps
+    assert len(lines) == 5 and all(0 < line["mfu"] < 1 for line in lines)  # 3 warm-up + 2 profiled steps
+    assert 0 < profile["untraced_step_s"]  # the step timed without the profiler
     assert json.loads((out / "run_info.json").read_text())["mfu"]["peak_tflops_per_device"] > 0
 
 

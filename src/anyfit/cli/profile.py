@@ -38,7 +38,7 @@ def register(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     config_args(p)
     p.add_argument("--steps", type=int, default=3, help="Training steps traced by torch.profiler.")
-    p.add_argument("--warmup", type=int, default=2, help="Steps run before the traced ones (not traced).")
+    p.add_argument("--warmup", type=int, default=3, help="Steps run before the traced ones (not traced).")
     p.add_argument("--out", help="Folder of the profiling run (default: train.output_dir + '-profile'; replaced if "
                                  "it exists); the traces and profile.json go to OUT/profile/.")
     p.set_defaults(func=cmd_profile)

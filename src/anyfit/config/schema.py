@@ -200,8 +200,9 @@ class RuntimeConfig:
         0, "Profile this many training steps with torch.profiler (after runtime.profile_warmup steps): a trace per "
         "process under OUTPUT/profile/ (Perfetto, TensorBoard), the step's time by phase, memory by kind beside "
         "the plan, and config advice with its measured reason (0: off). 'anyfit profile' runs only that.")
-    profile_warmup: int = _f(2, "Steps before the profiled ones (the first allocates the optimizer state; the last "
-                             "is traced but dropped, and its memory is counted by kind).")
+    profile_warmup: int = _f(3, "Steps before the profiled ones: the first allocates the optimizer state, the middle "
+                             "ones time the step without the profiler, the last is traced but dropped and its memory "
+                             "is counted by kind.")
 
 
 @dataclass

@@ -7,10 +7,11 @@ measured share (the constants below), so a run gets no advice its numbers do not
 
 Time predictions come from one step model: the measured step is data wait + host-to-device + the
 micro-batches' forward/backward + optimizer + the rest. The micro-batches' cost is fitted on this run's own
-micro-batches as ``seconds = a + b x positions`` (``a``: the fixed cost of a forward/backward call: Python,
-operator dispatch, kernel launches; ``b``: per token position, padding included); a change of micro-batch
+micro-batches as ``seconds = a + b x positions + c x trained tokens`` (``a``: the fixed cost of a
+forward/backward call: Python, operator dispatch, kernel launches, a dense embedding gradient; ``b``: per token
+position, padding included; ``c``: the output head, which runs on trained tokens only); a change of micro-batch
 size or of packing changes the number of calls and positions (``Layout``, counted on the profiled windows
-themselves), the rest of the step stays. Tokens per second scale as the inverse of the step time (the same
+themselves) and nothing else: the step's time changes by ``a`` and ``b`` times those differences. Tokens per second scale as the inverse of the step time (the same
 real tokens per step).
 """
 
@@ -81,6 +82,8 @@ class Profile:
     phases: dict[str, float]
     micro_seconds: list[float]
     micro_positions: list[float]
+    micro_trained: list[float] = field(default_factory=list)  # trained tokens of each micro-batch
+    untraced_step: float | None = None  # the same step's seconds without the profiler (its overhead is per operator)
     communication: float = 0.0
     device_busy: float | None = None
     device_matmul: float = 0.0
@@ -106,16 +109,23 @@ class Advice:
 
 
 def micro_cost(profile: Profile) -> tuple[float, float]:
-    """(a, b) of ``seconds = a + b x positions`` per micro-batch, least squares over the profiled micro-batches.
-    With too few distinct sizes to fit a line, all the cost is per position (a = 0: no gain claimed from
+    """(a, b) of ``seconds = a + b x positions (+ c x trained tokens)`` per micro-batch, least squares over the
+    profiled micro-batches. The trained tokens are a regressor of their own because the output head (a
+    vocabulary-wide matmul) runs on them only, and they vary apart from the positions (prompts differ in
+    length); their cost is the same whatever the layout, so only ``a`` and ``b`` are returned. With too few
+    distinct sizes to fit, or a negative coefficient, all the cost is per position (a = 0: no gain claimed from
     fewer, larger micro-batches)."""
     t, x = np.asarray(profile.micro_seconds), np.asarray(profile.micro_positions, dtype=np.float64)
     if len(t) != len(x) or not len(t) or x.sum() <= 0:
         return 0.0, 0.0
-    if len(set(x.tolist())) >= 3:
-        b, a = np.polyfit(x, t, 1)
-        if a > 0 and b > 0:
-            return float(a), float(b)
+    columns = [np.ones_like(x), x]
+    if len(profile.micro_trained) == len(x):
+        columns.append(np.asarray(profile.micro_trained, dtype=np.float64))
+    while len(set(x.tolist())) >= len(columns) + 1 and len(columns) >= 2:
+        coef = np.linalg.lstsq(np.stack(columns, axis=1), t, rcond=None)[0]
+        if (coef > 0).all():
+            return float(coef[0]), float(coef[1])
+        columns = columns[:-1] if len(columns) == 3 else []
     return 0.0, float(t.sum() / x.sum())
 
 
@@ -126,12 +136,20 @@ def predicted_step(profile: Profile, facts: Facts, packed: bool, micro: int, dat
     if now is None or then is None:
         return None
     a, b = micro_cost(profile)
-    fitted_now = a * now.micro_batches + b * now.positions
     measured = profile.phases["forward"] + profile.phases["backward"]
-    scale = measured / fitted_now if fitted_now > 0 else 1.0  # the fit's level matched to the measured total
-    compute = scale * (a * then.micro_batches + b * then.positions)
-    rest = profile.step - measured - (0.0 if data_wait else profile.phases["data_wait"]) - saved
+    overhead = profile.step - profile.untraced_step if profile.untraced_step else 0.0
+    if overhead > 0:  # the profiler's per-operator cost inflates the per-call fixed cost; the rest is real
+        a = max(0.0, a - overhead / max(1.0, now.micro_batches))
+        measured -= overhead
+    # What changes: the calls' fixed cost and the positions' cost; the rest of the measured compute stays.
+    compute = max(0.0, measured + a * (then.micro_batches - now.micro_batches) + b * (then.positions - now.positions))
+    rest = base_step(profile) - measured - (0.0 if data_wait else profile.phases["data_wait"]) - saved
     return max(1e-9, rest + compute)
+
+
+def base_step(profile: Profile) -> float:
+    """The step's seconds as the run goes without the profiler (when measured), else as traced."""
+    return profile.untraced_step or profile.step
 
 
 def factor_text(factor: float) -> str:
@@ -167,6 +185,8 @@ def micro_batch_rule(p: Profile, f: Facts) -> Advice | None:
     a, _ = micro_cost(p)
     packed = True if padding_rule(p, f) else f.packing  # larger padded micro-batches pad more: with packing
     new, old = predicted_step(p, f, packed, m), predicted_step(p, f, packed, f.micro_batch)
+    if old and packed == f.packing:
+        old = base_step(p)
     if not new or not old or old / new < MIN_GAIN:
         return None
     calls = f.layouts[(f.packing, f.micro_batch)].micro_batches
@@ -181,7 +201,7 @@ def data_wait_rule(p: Profile, f: Facts) -> Advice | None:
     wait = p.share(p.phases["data_wait"])
     if f.num_workers > 0 or wait < DATA_WAIT_SHARE:
         return None
-    factor = p.step / predicted_step(p, f, f.packing, f.micro_batch, data_wait=False)
+    factor = base_step(p) / predicted_step(p, f, f.packing, f.micro_batch, data_wait=False)
     note = " (on a CPU the workers take cores from the training step: measure)" if f.device == "cpu" else ""
     return Advice("runtime.num_workers", "2", f"the step waits {wait:.0%} of its time for its batches "
                   f"({p.phases['data_wait'] * 1e3:.1f} ms per step)",
@@ -287,4 +307,4 @@ def combined_factor(profile: Profile, facts: Facts, advice: list[Advice]) -> flo
     packed = keys.get("train.packing") == "true" or facts.packing
     micro = int(keys.get("train.micro_batch", facts.micro_batch))
     new = predicted_step(profile, facts, packed, micro, data_wait="runtime.num_workers" not in keys)
-    return profile.step / new if new else None
+    return base_step(profile) / new if new else None

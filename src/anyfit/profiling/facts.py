@@ -22,11 +22,22 @@ from anyfit.profiling.memory import MeasuredMemory
 
 def window_examples(sampler, steps: range) -> list[np.ndarray]:
     """This process's example lengths of each step's window, longest first (as the sampler groups them)."""
-    out = []
-    for step in steps:
-        indices, _ = sampler.window(step)
-        out.append(np.sort(sampler.lengths[[i for micro in indices for i in micro]])[::-1])
-    return out
+    return [sampler.lengths[_flat(sampler, step)] for step in steps]
+
+
+def window_trained(sampler, steps: range) -> list[np.ndarray]:
+    """The trained tokens of the same examples, in the same order."""
+    return [sampler.trainable[_flat(sampler, step)] for step in steps]
+
+
+def _flat(sampler, step: int) -> list[int]:
+    indices, _ = sampler.window(step)
+    return [i for micro in indices for i in micro]  # already longest first within the window
+
+
+def micro_trained(trained: list[np.ndarray], micro: int) -> list[float]:
+    """Trained tokens of each micro-batch, in loop order (the output head runs on these only)."""
+    return [float(t[i:i + micro].sum()) for t in trained for i in range(0, len(t), micro)]
 
 
 def layout(windows: list[np.ndarray], packed: bool, micro: int) -> Layout:

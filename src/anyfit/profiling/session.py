@@ -12,6 +12,7 @@ process analyses its own, the summaries are gathered, and the main process print
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 from anyfit.hardware.memory import budget_bytes, peak_bytes
 from anyfit.model.shape import shape_from_config
 from anyfit.profiling.advice import Profile, advise, combined_factor
-from anyfit.profiling.facts import gather_facts, micro_positions, window_examples
+from anyfit.profiling.facts import gather_facts, micro_positions, micro_trained, window_examples, window_trained
 from anyfit.profiling.memory import MemoryCensus
 from anyfit.profiling.report import report_text
 from anyfit.profiling.trace import mean_step, spans_of, step_times, top_operators
@@ -63,6 +64,7 @@ class StepProfiler:
         warmup = max(1, cfg.profile_warmup)
         self.window = _Window(run.start + warmup, cfg.profile)
         self.calls = 0
+        self.clock: list[float] = []  # perf_counter at each step's end: the untraced steps' wall times
         self.warmup = warmup
         self.census: MemoryCensus | None = None
         self.done = False
@@ -100,6 +102,7 @@ class StepProfiler:
             self.census = None
 
     def step(self) -> None:
+        self.clock.append(time.perf_counter())
         self.calls += 1
         self._census_if_due()
         self.profiler.step()
@@ -122,6 +125,11 @@ class StepProfiler:
             (self.dir / SUMMARY).write_text(json.dumps(slowest, indent=2, default=str))
             self.say(report_text(slowest))
 
+    def _untraced_step(self) -> float | None:
+        """Mean wall time of the untraced warm-up steps after the first (which allocates the optimizer state)."""
+        gaps = [b - a for a, b in zip(self.clock, self.clock[1:])][: max(0, self.warmup - 2)]
+        return sum(gaps) / len(gaps) if gaps else None
+
     def _summary(self, prof) -> dict:
         """This process's profile as plain data (what is gathered, printed and written to profile.json)."""
         run = self.run
@@ -136,16 +144,17 @@ class StepProfiler:
         packing, micro = run.cfg.train.packing, sampler.plan.micro_batch
         p = Profile(step=mean.wall, phases=mean.phases, micro_seconds=mean.micro,
                     micro_positions=micro_positions(windows, packing, micro) if mean.micro else [],
+                    micro_trained=micro_trained(window_trained(sampler, steps), micro) if mean.micro else [],
                     communication=mean.communication, device_busy=mean.device_busy, device_matmul=mean.device_matmul,
                     device_communication=mean.device_communication, activations=self.measured.activations,
-                    logits=self.measured.logits)
+                    logits=self.measured.logits, untraced_step=self._untraced_step())
         advice = advise(p, facts)
         now = facts.layouts[(packing, micro)]
         flops = sum(run.flops.of_window(sampler.lengths, sampler.trainable, sampler.window(s)[0]) for s in steps)
         seconds = mean.wall * len(steps)
         return {
             "rank": run.accelerator.process_index, "device": run.policy.device, "precision": run.policy.precision,
-            "steps": list(steps), "step_s": mean.wall, "phases_s": mean.phases,
+            "steps": list(steps), "step_s": mean.wall, "untraced_step_s": p.untraced_step, "phases_s": mean.phases,
             "communication_s": mean.communication, "host_sync_s": mean.host_sync, "host_syncs": mean.host_syncs,
             "device_idle_s": mean.device_idle, "loss_s": mean.loss,
             "top_operators": top_operators(prof.key_averages(), len(steps), mean.wall, run.policy.device == "cuda"),
