@@ -196,6 +196,13 @@ class RuntimeConfig:
         "(printed with its reason). none: every process holds everything (DDP).")
     fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
                             "offload); slower, for models that do not fit in device memory even sharded.")
+    profile: int = _f(
+        0, "Profile this many training steps with torch.profiler (after runtime.profile_warmup steps): a trace per "
+        "process under OUTPUT/profile/ (Perfetto, TensorBoard), the step's time by phase, memory by kind beside "
+        "the plan, and config advice with its measured reason (0: off). 'anyfit profile' runs only that.")
+    profile_warmup: int = _f(3, "Steps before the profiled ones: the first allocates the optimizer state, the middle "
+                             "ones time the step without the profiler, the last is traced but dropped and its memory "
+                             "is counted by kind.")
 
 
 @dataclass
@@ -248,12 +255,14 @@ def validate(cfg: Config) -> None:
         ("model.checkpoint_every", cfg.model.checkpoint_every, 1),
         ("lora.r", cfg.lora.r, 1),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens, 1),
+        ("runtime.profile_warmup", cfg.runtime.profile_warmup, 1),
     ]:
         if value < low:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
     for key, value in [("eval.holdout", cfg.eval.holdout), ("eval.every", cfg.eval.every),
                        ("eval.generate_every", cfg.eval.generate_every), ("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
                        ("train.warmup_steps", t.warmup_steps), ("train.loss_chunk_tokens", t.loss_chunk_tokens),
+                       ("runtime.profile", cfg.runtime.profile),
                        ("runtime.num_workers", 0 if cfg.runtime.num_workers == "auto" else cfg.runtime.num_workers)]:
         if value < 0:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")

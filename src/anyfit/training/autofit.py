@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.profiler import record_function
 
 from anyfit.config import ConfigError
 from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, example_lengths, to_device
@@ -105,8 +106,10 @@ def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step:
     dropped and the step is redone whole with half the micro-batch. Returns (loss sum, example indices
     per micro-batch, window trainable tokens)."""
     while True:
-        indices, window_tokens, cpu_batches = stream.get(step)
-        batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
+        with record_function("anyfit.data_wait"):  # the phases anyfit.profiling reads from a trace
+            indices, window_tokens, cpu_batches = stream.get(step)
+        with record_function("anyfit.h2d"):
+            batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
             return backward_window(accelerator, model, batches, window_tokens, loss_fn), indices, window_tokens
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
