@@ -25,24 +25,19 @@ import sys
 import tempfile
 from pathlib import Path
 
-from plan_vs_measured import WORDS, qwen_tokenizer
+from plan_vs_measured import WORDS, qwen_tokenizer, save_random_model
 
 SLOW = ["train.packing=false", "train.micro_batch=1", "runtime.num_workers=0", "train.effective_batch=16",
         "train.learning_rate=1e-4", "train.seed=0", "data.template=plain"]
 
 
 def build(root: Path) -> tuple[Path, Path]:
-    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     tok = AutoTokenizer.from_pretrained(qwen_tokenizer(root))
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=256, num_hidden_layers=4,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model_dir = root / "model"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
+    model_dir = save_random_model(root, tok, LlamaConfig, LlamaForCausalLM, hidden_size=64, intermediate_size=256,
+                                  num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=1024)
     rng = random.Random(0)
     data = root / "data.jsonl"
     with data.open("w") as f:
