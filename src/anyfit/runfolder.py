@@ -39,7 +39,7 @@ class RunLock:
     """Held by the process that writes a run folder for as long as its run goes on, so that a second run on the
     same folder is refused at once. An ``flock``: the kernel releases it when the holding process ends, however
     it ends, so the file a crashed or killed run leaves behind blocks nothing; what the file says (process, host,
-    start) only names the holder in the refusal. (On a network file system that does not pass ``flock`` on, two
+    start) only names the holder in the refusal; the file is removed when the run ends. (On a network file system that does not pass ``flock`` on, two
     machines do not see each other's lock.)"""
 
     def __init__(self, run_dir: Path, enabled: bool = True):
@@ -50,15 +50,24 @@ class RunLock:
             return self
         self.created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        file = (self.run_dir / LOCK).open("a+", encoding="utf-8")
-        try:
-            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            file.seek(0)
-            holder = file.read().strip() or "another process"
+        path = self.run_dir / LOCK
+        while True:
+            file = path.open("a+", encoding="utf-8")
+            try:
+                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                file.seek(0)
+                holder = file.read().strip() or "another process"
+                file.close()
+                raise ConfigError(f"train.output_dir {self.run_dir} is in use by a run that is still going "
+                                  f"({holder}); wait for it to end, or choose another train.output_dir.") from None
+            try:
+                same = os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # else the holder removed the file as we opened it: lock the new one
+                break
             file.close()
-            raise ConfigError(f"train.output_dir {self.run_dir} is in use by a run that is still going ({holder}); "
-                              "wait for it to end, or choose another train.output_dir.") from None
         file.truncate(0)
         file.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}")
         file.flush()
@@ -67,9 +76,9 @@ class RunLock:
 
     def __exit__(self, *exc) -> bool:
         if self.file is not None:
-            if self.created and [p.name for p in self.run_dir.iterdir()] == [LOCK]:
-                (self.run_dir / LOCK).unlink()  # a run that stopped before writing anything leaves no folder
-                self.run_dir.rmdir()
+            (self.run_dir / LOCK).unlink(missing_ok=True)  # while still held: a waiting opener sees the inode change
+            if self.created and not any(self.run_dir.iterdir()):
+                self.run_dir.rmdir()  # a run that stopped before writing anything leaves no folder
             fcntl.flock(self.file, fcntl.LOCK_UN)
             self.file.close()
             self.file = None

@@ -41,6 +41,18 @@ def _case(name: str, tmp: Path, model: Path) -> tuple[list[str], str]:
         (tmp / name).write_bytes(content)
         return tmp / name
 
+    def broken_model(name: str, weights: bytes | None = None, index: dict | None = None) -> list[str]:
+        """The tiny model's folder with its weights left out, cut short, or named by an index that lies."""
+        folder = tmp / name
+        shutil.copytree(model, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+        if weights is not None:
+            (folder / "model.safetensors").write_bytes(weights)
+        if index is not None:
+            (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+        return [*base[1:], f"model.name_or_path={folder}"]
+
+    whole = (model / "model.safetensors").read_bytes()
+
     cases = {
         # the config file and the overrides
         "config_missing": ([str(tmp / "nope.yaml")], "nope.yaml"),
@@ -85,6 +97,14 @@ def _case(name: str, tmp: Path, model: Path) -> tuple[list[str], str]:
         "model_folder_without_config": ([*base[1:], f"model.name_or_path={tmp}"], str(tmp)),
         "model_gguf_missing": ([*base[1:], f"model.name_or_path={tmp / 'm.gguf'}"], "m.gguf"),
         "model_lora_target_typo": (base + ["lora.enabled=true", "lora.target_modules=[q_porj]"], "q_porj"),
+        "model_without_weights": (broken_model("noweights"), "noweights has config.json but no weights"),
+        "model_weights_cut_short": (broken_model("cut", weights=whole[: len(whole) // 2]),
+                                    "cut/model.safetensors is damaged (incomplete metadata"),
+        "model_weights_not_safetensors": (broken_model("html", weights=b"<html>Bad gateway</html>"),
+                                          "html/model.safetensors is damaged"),
+        "model_index_names_a_missing_shard": (
+            broken_model("sharded", index={"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors"}}),
+            "model-00002-of-00002.safetensors"),
         "model_unknown_hub_id": ([*base[1:], "model.name_or_path=nobody-here/no-such-model"], "nobody-here/no-such-model"),
         # the run folder and resuming
         "resume_not_a_checkpoint": (base + [f"train.resume={tmp / 'checkpoint-9'}"], "checkpoint-9"),
@@ -99,7 +119,8 @@ CASES = ["config_missing", "config_not_yaml", "config_a_list", "config_typo_key"
          "data_unknown_role", "data_messages_not_list", "data_is_a_directory", "data_fake_parquet",
          "data_all_too_long", "data_unknown_template", "data_field_map_to_missing_column", "data_fewer_than_a_batch",
          "model_folder_missing", "model_folder_without_config", "model_gguf_missing", "model_lora_target_typo",
-         "model_unknown_hub_id",
+         "model_without_weights", "model_weights_cut_short", "model_weights_not_safetensors",
+         "model_index_names_a_missing_shard", "model_unknown_hub_id",
          "resume_not_a_checkpoint"]
 
 
@@ -111,7 +132,8 @@ def test_broken_input_is_one_clear_line(name, tiny_llama_dir, tmp_path, capsys, 
     args, place = _case(name, inputs, tiny_llama_dir)
     out = tmp_path / "out"
     rc = main(["train", *args, f"train.output_dir={out}"])
-    err = capsys.readouterr().err.strip()
+    captured = capsys.readouterr()
+    err = captured.err.strip()
     assert rc == 2, err
     assert "Traceback" not in err, err
     # the error is the last line, and one line (progress bars of loading may come before it)
@@ -119,6 +141,8 @@ def test_broken_input_is_one_clear_line(name, tiny_llama_dir, tmp_path, capsys, 
     assert line.startswith("anyfit: error: ") and err.count("anyfit: error") == 1, err
     assert place in line, (place, line)
     assert not out.exists()  # nothing written, nothing half-written
+    if name.startswith(("model_without", "model_weights", "model_index")):  # found before any data work
+        assert "[anyfit] data:" not in captured.out
 
 
 def test_a_folder_holding_a_run_is_left_alone(tiny_llama_dir, tmp_path, capsys):

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
 from anyfit.config import ConfigError, ModelConfig, load_config
 from anyfit.hub import check_model_id, looks_local
 from anyfit.model import gguf_cache
@@ -53,6 +55,42 @@ class ModelSource:
                     " Point it at a Hugging Face model folder (config.json + weights), a .gguf file or a hub id.")
             raise ConfigError(f"model.name_or_path: {p} has no config.json, so it is not a model folder.{hint}")
         return ModelSource(str(p))
+
+    def check_weights(self) -> None:
+        """For a local model folder: its weights are there and whole (``check_weights``); hub ids and GGUF files
+        are checked by their own loaders."""
+        if self.gguf_file is None and Path(self.path).is_dir():
+            check_weights(Path(self.path))
+
+
+def check_weights(folder: Path) -> None:
+    """A model folder's weights are there and whole, checked before any data work: every safetensors file's
+    header is read and its declared size compared with the file's (what ``safe_open`` does, without reading the
+    tensors), and a sharded model's index names only files that exist. transformers would find the same faults
+    only once the data is tokenized, and then as a traceback."""
+    index_files = sorted(folder.glob("*.safetensors.index.json"))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files and not any(folder.glob("pytorch_model*.bin")) and not index_files:
+        raise ConfigError(f"model.name_or_path: {folder} has config.json but no weights (model.safetensors, its "
+                          "shards with model.safetensors.index.json, or pytorch_model.bin): copy them in, or point "
+                          "at a complete model folder.")
+    for index in index_files:
+        try:
+            shards = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError, AttributeError) as e:
+            raise ConfigError(f"model.name_or_path: {index} is not a readable shard index ({e}).") from None
+        missing = sorted(name for name in shards if not (folder / name).is_file())
+        if missing:
+            raise ConfigError(f"model.name_or_path: {index} names {len(missing)} weight file(s) the folder does not "
+                              f"hold ({', '.join(missing[:3])}): copy them in (an interrupted download?).")
+    for file in files:
+        try:
+            with safe_open(file, "pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            reason = str(e).removeprefix("Error while deserializing header: ")
+            raise ConfigError(f"model.name_or_path: {file} is damaged ({reason}; {file.stat().st_size:,} bytes): "
+                              "an incomplete download or copy; fetch it again.") from None
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import count_parameters, load_model, load_tokenizer
 from anyfit.model.shape import shape_from_config
+from anyfit.model.source import ModelSource
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
 from anyfit.profiling.session import profiled
 from anyfit.runfolder import METRICS, RunLock
@@ -146,6 +147,7 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
 
     # data: one process per machine tokenizes into the token store (or finds it), every process maps it and
     # draws the same windows
+    ModelSource.from_config(cfg.model).check_weights()  # a broken model folder is one line before any data work
     tokenizer = load_tokenizer(cfg.model)
     collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing)
     data = prepare_training_data(cfg, tokenizer, say)
