@@ -85,6 +85,21 @@ class RunLock:
         return False
 
 
+def follow_umask(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes a plain ``open``/``mkdir`` would under the process's umask:
+    transformers writes weights through a private temporary file (mode 600) and ``tempfile.mkdtemp`` makes
+    private folders (700), so on a shared disk a group could read a model's config but not its weights."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder = Path(folder)
+    folder.chmod(0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            (Path(root) / name).chmod(0o777 & ~mask)
+        for name in files:
+            (Path(root) / name).chmod(0o666 & ~mask)
+
+
 def checkpoint_step(path: Path) -> int | None:
     """The step of a ``checkpoint-<step>`` folder name, None for any other name."""
     name = Path(path).name

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import shutil
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -113,6 +114,12 @@ def test_full_fine_tune_exports_fp32_with_the_same_logits(full_run, tmp_path, ca
     assert f"anyfit export {full_run} --out {out} --dtype fp32" in card  # the command that made it
     assert "learning_rate: 0.01" in card  # the training config, verbatim
     assert not list(tmp_path.glob(".*partial"))  # nothing half-written left behind
+    mask = os.umask(0)
+    os.umask(mask)
+    # readable by whoever may read the other files: transformers writes weights private (600), mkdtemp too (700)
+    assert {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()} == {p.name: 0o666 & ~mask for p in out.iterdir()}
+    assert out.stat().st_mode & 0o777 == 0o777 & ~mask
+    assert (full_run / "model.safetensors").stat().st_mode & 0o777 == 0o666 & ~mask  # the run's own final model
 
     # asked again: refused, then replaced with --overwrite
     assert main(["export", str(full_run), "--out", str(out)]) == 2
@@ -143,7 +150,8 @@ def test_lora_run_merges_into_a_folder_with_the_adapter_on_base_logits(lora_run,
     card = (out / "README.md").read_text()
     metrics = [json.loads(line) for line in (lora_run / "metrics.jsonl").read_text().splitlines()]
     val_loss = [m["val_loss"] for m in metrics if "val_loss" in m][-1]
-    for text in (f"A supervised fine-tune of `{small_llama_dir}`", "LoRA (r=4, alpha=32", "merged into the base",
+    assert str(small_llama_dir) not in card.split("## Training")[0]  # a path on this machine tells a reader nothing
+    for text in (f"A supervised fine-tune of a local model folder `{small_llama_dir.name}`", "LoRA (r=4, alpha=32", "merged into the base",
                  "Source: `", "template: `plain`", f"Validation loss (step 3): {val_loss:.4f}", "| accuracy | 62.5% |",
                  "| format_rate | 75.0% |", "- lora"):
         assert text in card, text

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
 from anyfit.config import ConfigError
 from anyfit.runfolder import (
+    LOCK,
+    RunLock,
+    follow_umask,
     checkpoint_dirs,
     checkpoint_step,
     read_metrics,
@@ -61,3 +65,34 @@ def test_run_info_that_cannot_be_read_is_empty(tmp_path):
     assert read_run_info(tmp_path) == {}
     (tmp_path / "run_info.json").write_text('{"steps": 4}')
     assert read_run_info(tmp_path) == {"steps": 4}
+
+
+def test_the_run_lock_is_held_once_and_gone_when_released(tmp_path):
+    out = tmp_path / "run"
+    with RunLock(out):
+        assert "process" in (out / LOCK).read_text()
+        with pytest.raises(ConfigError, match=r"is in use by a run that is still going \(process \d+ on "):
+            with RunLock(out):
+                pass
+    assert not out.exists()  # created for the run, and the run wrote nothing: no folder left
+    out.mkdir()
+    (out / "keep.txt").write_text("x")
+    with RunLock(out):
+        pass
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]  # a folder that was there stays as it was
+    with RunLock(out, enabled=False):  # the other processes of a run take no lock
+        with RunLock(out):
+            pass
+
+
+def test_follow_umask_opens_up_private_files_and_folders(tmp_path):
+    mask = os.umask(0o027)
+    try:
+        (tmp_path / "sub").mkdir(mode=0o700)
+        (tmp_path / "sub" / "w.safetensors").write_bytes(b"x")
+        (tmp_path / "sub" / "w.safetensors").chmod(0o600)
+        follow_umask(tmp_path)
+    finally:
+        os.umask(mask)
+    assert (tmp_path / "sub").stat().st_mode & 0o777 == 0o750
+    assert (tmp_path / "sub" / "w.safetensors").stat().st_mode & 0o777 == 0o640

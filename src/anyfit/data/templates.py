@@ -325,3 +325,23 @@ def _apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: list[Mess
     except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate") from template code
         raise DataError(f"{example.place}: the chat template failed on this conversation: "
                         f"{' '.join(str(e).split())}") from e
+
+
+def default_system_prompt(tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The system turn a chat template adds by itself to a conversation that has none (SmolLM2's, Qwen2.5's),
+    or None. Found by rendering one user turn with a marker as the system prompt and once without: where the
+    marker stood, the second rendering holds the default."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    marker, user = "\x00anyfit-system\x00", [{"role": "user", "content": "hi"}]
+    try:
+        marked = tokenizer.apply_chat_template([{"role": "system", "content": marker}, *user], tokenize=False)
+        plain = tokenizer.apply_chat_template(user, tokenize=False)
+    except Exception:  # a template that refuses system turns has no default one either
+        return None
+    if marked.count(marker) != 1:
+        return None
+    before, after = marked.split(marker)
+    if len(plain) <= len(before) + len(after) or not plain.startswith(before) or not plain.endswith(after):
+        return None
+    return plain[len(before):len(plain) - len(after)]

@@ -3,6 +3,7 @@ files, what it was trained on and how, its results, how to use it and how it was
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyfit
@@ -11,10 +12,13 @@ from anyfit.export.result import ExportResult
 from anyfit.export.run_files import RunFiles
 from anyfit.hardware.runtime import versions
 from anyfit.hub import is_hub_dataset_id, is_hub_id
+from anyfit.model.source import describe_base
 
 
-def model_card(req: ExportRequest, result: ExportResult, parameters: int, command: str | None) -> str:
-    """README.md: front matter for the Hub, then what the model is, what it was trained on and how."""
+def model_card(req: ExportRequest, result: ExportResult, parameters: int, command: str | None,
+               default_system: str | None = None) -> str:
+    """README.md: front matter for the Hub, then what the model is, what it was trained on and how.
+    ``default_system``: the system turn the chat template adds by itself (``default_system_prompt``)."""
     cfg = req.run_files.config
     base = cfg.model.name_or_path if cfg is not None else (req.location.base if req.location.adapter else None)
     data_source = cfg.data.path if cfg is not None else None
@@ -35,16 +39,19 @@ def model_card(req: ExportRequest, result: ExportResult, parameters: int, comman
         method = (f"LoRA (r={cfg.lora.r}, alpha={cfg.lora.alpha}, targets {cfg.lora.target_modules}"
                   f"{', QLoRA' if cfg.lora.qlora else ''}), merged into the base weights"
                   if cfg.lora.enabled or cfg.lora.qlora else "full fine-tuning")
-        lines += [f"A supervised fine-tune of `{base}` made with anyfit ({method}).", ""]
+        lines += [f"A supervised fine-tune of {describe_base(cfg.model)} made with anyfit ({method}).", ""]
     else:
         lines += [f"`{req.run}` exported with anyfit.", ""]
     lines += ["## Model", ""]
-    if base:
-        revision = f" (revision `{cfg.model.revision}`)" if cfg is not None and cfg.model.revision else ""
-        lines.append(f"- Base model: `{base}`{revision}")
+    if cfg is not None:
+        lines.append(f"- Base model: {describe_base(cfg.model)}")
+    elif base:
+        lines.append(f"- Base model: `{base}`")
     lines.append(f"- Weights: {result.dtype} safetensors, {parameters / 1e6:.1f}M parameters")
     lines.append("")
-    lines += _gguf_section(result)
+    chat = cfg is None or cfg.data.template in ("chat", "trl")  # else llama.cpp's chat mode is not the layout
+    system = ((cfg.data.system_prompt if cfg is not None else None) or default_system) if chat else None
+    lines += _gguf_section(result, merged=cfg is None or cfg.lora.enabled or cfg.lora.qlora, system=system)
     if cfg is not None:
         lines += _data_section(cfg, req.run_files.run_info)
         lines += _training_section(cfg, req.run_files)
@@ -58,15 +65,21 @@ def model_card(req: ExportRequest, result: ExportResult, parameters: int, comman
     return "\n".join(front + lines)
 
 
-def _gguf_section(result: ExportResult) -> list[str]:
+def _gguf_section(result: ExportResult, merged: bool, system: str | None) -> list[str]:
     if not result.gguf:
         return []
     prompts = next(iter(result.agreement.values())).prompts
+    model = "merged model" if merged else "fine-tuned model"
     intro = ("For llama.cpp and the tools built on it (e.g. `llama-cli -m FILE.gguf`). Each file was read back with "
-             "transformers: it holds exactly the merged model with its weights rounded to the file's types, and the "
-             f"columns say how far that rounding moves it from the merged model on {prompts} check prompts.")
-    lines = ["## GGUF", "", intro, "",
-             "| file | type | size | max logit change | share of logit spread | same top token | same greedy text |",
+             f"transformers: it holds exactly the {model} with its weights rounded to the file's types, and the "
+             f"columns say how far that rounding moves it from the {model} on {prompts} check prompts.")
+    lines = ["## GGUF", "", intro, ""]
+    if system:
+        lines += ["llama.cpp's chat mode leaves out the system turn this model was trained with (the chat "
+                  "template's own default, which transformers adds to a conversation without one, or the run's "
+                  "system prompt): pass it, or the answers drift from those measured here: "
+                  f"`llama-cli -m FILE.gguf -sys {json.dumps(system)}`", ""]
+    lines += ["| file | type | size | max logit change | share of logit spread | same top token | same greedy text |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for qtype, path in result.gguf.items():
         a = result.agreement[qtype]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from anyfit.data.templates import default_system_prompt
 from anyfit.export.card import model_card
 from anyfit.export.errors import ExportError
 from anyfit.export.gguf_check import check_gguf, reference_outputs
@@ -25,7 +26,7 @@ from anyfit.export.push import push_folder
 from anyfit.export.request import DTYPES, ExportRequest, check_request
 from anyfit.export.result import ExportResult
 from anyfit.model.loading import load_for_inference
-from anyfit.runfolder import RUN_CONFIG
+from anyfit.runfolder import RUN_CONFIG, follow_umask
 
 
 def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None = None,
@@ -91,5 +92,7 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
                      f"{agreement.prompts - agreement.greedy_match} of {agreement.prompts} check prompts; a wider "
                      "type (q8_0, f16) stays closer to it.")
             result.gguf[qtype], result.agreement[qtype] = path, agreement
-    (folder / "README.md").write_text(model_card(req, result, parameters, command), encoding="utf-8")
+    card = model_card(req, result, parameters, command, default_system=default_system_prompt(tokenizer))
+    (folder / "README.md").write_text(card, encoding="utf-8")
+    follow_umask(folder)
     return result

@@ -187,6 +187,25 @@ def portable_base(model_cfg) -> dict[str, Any]:
     return {"base_model_name_or_path": name, "revision": revision, "source": "hub"}
 
 
+def describe_base(model_cfg) -> str:
+    """Where a run's base model came from, for a reader elsewhere (a model card): a hub id as is, a GGUF file by
+    its name (and hub repository when it came from one), and the folder anyfit converted a GGUF file into by that
+    file, not by a path on the machine that trained it. Reads nothing but small records; converts nothing."""
+    name = model_cfg.name_or_path
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        return f"the GGUF file `{path.name}`"
+    if model_cfg.gguf_file:
+        return (f"the GGUF file `{model_cfg.gguf_file}`" if path.is_dir() else
+                f"`{name}` (GGUF file `{model_cfg.gguf_file}`)")
+    if path.is_dir():
+        if gguf_cache.is_materialized(path):
+            source = Path(gguf_cache.materialized_from(path).get("source", path.name)).name
+            return f"the GGUF file `{source}` (dequantized to float32 for training)"
+        return f"a local model folder `{path.name}`"
+    return f"`{name}`" + (f" (revision `{model_cfg.revision}`)" if model_cfg.revision else "")
+
+
 def _cached_hub_file(repo: str, filename: str, revision: str | None) -> Path:
     """The local copy of a hub file that loading the model has already downloaded."""
     from huggingface_hub import hf_hub_download

@@ -21,7 +21,14 @@ import torch
 
 from anyfit.config import ConfigError
 from anyfit.model.source import record_base
-from anyfit.runfolder import CHECKPOINT_PREFIX, RUN_CONFIG, TMP_CHECKPOINT_PREFIX, checkpoint_dirs, checkpoint_step
+from anyfit.runfolder import (
+    CHECKPOINT_PREFIX,
+    RUN_CONFIG,
+    TMP_CHECKPOINT_PREFIX,
+    checkpoint_dirs,
+    checkpoint_step,
+    follow_umask,
+)
 from anyfit.training.integrity import STATE, checkpoint_problem, write_manifest
 from anyfit.training.sharding import full_state_dict, is_sharded, load_sharded, save_sharded
 
@@ -47,6 +54,7 @@ def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -
             tokenizer.save_pretrained(directory)
         if model_cfg is not None and (directory / "adapter_config.json").is_file():
             record_base(directory, model_cfg)
+        follow_umask(directory)
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, model, optimizer, scheduler, tokenizer,

@@ -311,3 +311,14 @@ def test_encode_matches_the_transformers_call(qwen_tokenizer):
         assert _encode(texts, qwen_tokenizer) == whole  # the transformers call clears the truncation
     finally:
         backend.no_truncation()
+
+
+def test_the_default_system_turn_of_a_chat_template_is_found(qwen_tokenizer):
+    from anyfit.data.templates import default_system_prompt
+
+    assert default_system_prompt(qwen_tokenizer) == "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+    plain = copy.deepcopy(qwen_tokenizer)
+    plain.chat_template = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}")
+    assert default_system_prompt(plain) is None  # a template that adds no system turn of its own
+    plain.chat_template = None
+    assert default_system_prompt(plain) is None

