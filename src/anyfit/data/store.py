@@ -31,6 +31,7 @@ complete; a store whose files do not match its manifest is rebuilt, never truste
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import fcntl
 import hashlib
@@ -39,6 +40,8 @@ import json
 import multiprocessing
 import os
 import shutil
+import signal
+import threading
 from array import array
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -338,15 +341,46 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records],
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
                              initializer=_init_worker, initargs=(tokenizer, rest_cfg)) as pool:
         queue: collections.deque = collections.deque()
-        for batch, start in numbered():
-            queue.append((len(batch), pool.submit(_tokenize_in_worker, list(batch), _places(batch), start)))
-            if len(queue) >= 2 * workers:  # bounded: at most two batches per worker in flight
-                n, future = queue.popleft()
+        submitted = 0
+        try:
+            for batch, start in numbered():
+                with _sigint_deferred(submitted < workers):  # (spawn) each of the first submits starts a worker
+                    queue.append((len(batch), pool.submit(_tokenize_in_worker, list(batch), _places(batch), start)))
+                submitted += 1
+                if len(queue) >= 2 * workers:  # bounded: at most two batches per worker in flight
+                    n, future = queue.popleft()
+                    bar.update(n)
+                    yield future.result()
+            for n, future in queue:
                 bar.update(n)
                 yield future.result()
-        for n, future in queue:
-            bar.update(n)
-            yield future.result()
+        except BaseException:  # Ctrl-C, a bad record: the batches not started are dropped, not tokenized first
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+@contextlib.contextmanager
+def _sigint_deferred(active: bool):
+    """SIGINT blocked while this thread starts worker processes, which inherit the blocked signal across exec and so
+    never see it: a Ctrl-C in the terminal reaches the whole process group, and it is the parent's to handle (it
+    stops the build and says so in one line), not each worker's to print a traceback. In the parent a Ctrl-C in
+    that instant is kept and raised once the workers are started: raised inside the pool's bookkeeping it would
+    leave a started worker unknown to the pool, which then never shuts down."""
+    if not active:
+        yield
+        return
+    caught: list[int] = []
+    main = threading.current_thread() is threading.main_thread()
+    handler = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum)) if main else None
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C held back arrives now, and is kept
+        if main:
+            signal.signal(signal.SIGINT, handler)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def _workers(cfg: DataConfig) -> int:

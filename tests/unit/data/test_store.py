@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pytest
 from transformers import AutoTokenizer
 
@@ -186,8 +187,9 @@ def test_parallel_build_gives_the_same_store(tokenizer, tmp_path):
 
 
 def prepare_command(config: Path, env: dict) -> subprocess.Popen:
+    # a session of its own, as a terminal's foreground job has a process group of its own: Ctrl-C reaches it whole
     return subprocess.Popen([sys.executable, "-m", "anyfit", "prepare", str(config)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 @pytest.fixture
@@ -247,11 +249,24 @@ def test_two_processes_one_builds_the_other_waits_and_reuses(big_config):
 
 
 @pytest.mark.multiprocess
-def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_path):
+@pytest.mark.parametrize("num_proc", [1, 2])
+def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(num_proc, big_config, tmp_path):
+    """Ctrl-C as a terminal sends it: SIGINT to the whole process group, the build's workers included."""
+    big_config.write_text(big_config.read_text().replace("num_proc: 1", f"num_proc: {num_proc}"))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     victim, stores = prepare_until_tokens(big_config, tmp_path, env)
-    victim.send_signal(signal.SIGINT)
+    def spawned() -> list[psutil.Process]:
+        return [c for c in psutil.Process(victim.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+
+    deadline = time.time() + 60
+    while num_proc > 1 and len(spawned()) < num_proc:  # the pool's workers are up (maybe still importing)
+        assert victim.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    workers = psutil.Process(victim.pid).children(recursive=True)
+    os.killpg(victim.pid, signal.SIGINT)
     _, err = victim.communicate(timeout=60)
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert not alive, [" ".join(w.cmdline()) for w in alive]  # the workers end with the build, none left behind
     assert victim.returncode == 130
     # the progress bar redraws its line with carriage returns; what is left besides it is the one message line
     lines = [line for line in err.splitlines() if line.strip() and not line.startswith("tokenize:")]
