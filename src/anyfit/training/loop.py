@@ -139,12 +139,16 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     steps = total_steps(cfg, sampler, say)
 
     # model and optimizer: sharded with FSDP2 (anyfit.training.sharding), or replicated by Accelerate (DDP)
-    model = load_model(cfg, policy, accelerator.local_process_index)
+    # sharded over several processes: only process 0 reads the weights, the others build the model empty and
+    # receive their shards from it (host RAM: one copy of the model on the machine, not one per process)
+    from_rank0 = sharded and accelerator.num_processes > 1
+    model = load_model(cfg, policy, accelerator.local_process_index,
+                       empty=from_rank0 and not accelerator.is_main_process)
     trainable, total = count_parameters(model)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
     if sharded:
-        model = shard_model(model, policy.compute_dtype, offload, accelerator.device)
+        model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
     optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
     if not sharded:
