@@ -95,6 +95,7 @@ class Run:
     steps: int
     start: int = 0
     skipped_before: int = 0
+    loaded: int = 0  # parameter elements this process read from the weights (none on the meta device)
 
 
 def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
@@ -145,6 +146,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     model = load_model(cfg, policy, accelerator.local_process_index,
                        empty=from_rank0 and not accelerator.is_main_process)
     trainable, total = count_parameters(model)
+    loaded = sum(p.numel() for p in model.parameters() if not p.is_meta)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
     if sharded:
@@ -161,7 +163,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     run = Run(cfg, policy, accelerator, model, optimizer, scheduler, tokenizer, data,
               StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
                          policy.pin_memory),
-              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps)
+              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps, loaded=loaded)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)
@@ -250,7 +252,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
     bar.close()
     guard.flush()
     result.skipped_steps = guard.skipped
-    record_held_per_process(run.out, acc, model, optimizer)
+    record_held_per_process(run.out, acc, model, optimizer, run.loaded)
     if guard.skipped:
         say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")
     if result.interrupted:
