@@ -219,7 +219,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
     with StopOnSignal() as stop:
         for step in range(run.start, run.steps):
             loss_sum, indices, window_tokens = backward_with_retry(acc, model, optimizer, run.stream, step,
-                                                                   run.loss_fn, run.policy.device, say)
+                                                                   run.loss_fn, run.policy.device, say,
+                                                                   cfg.runtime.fsdp_reduce_every_micro_batch)
             grad_norm = clip_gradients(acc, model, max_norm)
             finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision), on_device)
             run.scheduler.step()

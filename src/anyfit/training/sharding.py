@@ -53,8 +53,9 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
     """(shard, offload to host RAM, the reason printed with it)."""
     mode = cfg.runtime.sharding
     if mode == "none":
-        if cfg.runtime.fsdp_offload:
-            raise ConfigError("runtime.fsdp_offload=true needs sharding: set runtime.sharding=fsdp (or auto).")
+        for key in ("fsdp_offload", "fsdp_reduce_every_micro_batch"):
+            if getattr(cfg.runtime, key):
+                raise ConfigError(f"runtime.{key}=true needs sharding: set runtime.sharding=fsdp (or auto).")
         return False, False, "sharding none: asked for in the config"
     if mode == "auto" and not cfg.runtime.fsdp_offload:
         if processes == 1:
@@ -72,6 +73,8 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
     offload = cfg.runtime.fsdp_offload and device != "cpu"
     if cfg.runtime.fsdp_offload and not offload:
         reason += " (offload has nothing to move on cpu: the weights are in host RAM already)"
+    if cfg.runtime.fsdp_reduce_every_micro_batch:
+        reason += "; gradients reduce-scattered after every micro-batch (runtime.fsdp_reduce_every_micro_batch)"
     return True, offload, reason
 
 
