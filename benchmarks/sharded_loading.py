@@ -74,7 +74,15 @@ def measure(args: argparse.Namespace, work: Path, cfg: Path, procs: int) -> dict
     src = Path(args.src).resolve() / "src" if args.src else ROOT / "src"
     env = child_env(work, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                     PYTHONPATH=str(src) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    result = measured_run(command(cfg, work / f"out-{procs}", procs), env, work / f"log-{procs}.txt", args.timeout)
+    if args.malloc_mmap_threshold:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
+    cmd = command(cfg, work / f"out-{procs}", procs) + (["runtime.fsdp_reduce_every_micro_batch=true"]
+                                                        if args.reduce_every and procs > 1 else [])
+    # the set-up's peaks: until the model is loaded (every process has built it, weights read or not), and until
+    # it is sharded (this checkout prints that line; an anyfit before it shards right after "model:")
+    phases = {"loaded": lambda lines: any(x.startswith("[anyfit] model:") for x in lines),
+              "sharded": lambda lines: any(x.startswith("[anyfit] model sharded") for x in lines)}
+    result = measured_run(cmd, env, work / f"log-{procs}.txt", args.timeout, phases)
     if result["returncode"] != 0:
         sys.exit(f"the {procs}-process run failed: see {result['log']}")
     workers = [p for p in result["processes"] if p["role"] == ("main" if procs == 1 else "worker")]
@@ -86,20 +94,22 @@ def measure(args: argparse.Namespace, work: Path, cfg: Path, procs: int) -> dict
 
 
 def table(results: dict[str, dict]) -> str:
-    lines = ["| anyfit | processes | peak tree RSS GiB | x one unsharded | peak tree PSS GiB | x one unsharded | "
-             "each worker's peak RSS GiB (anonymous) | parameters read per process |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| anyfit | processes | tree RSS until loaded | until sharded | whole run | x one unsharded | "
+             "tree PSS, whole run | x one unsharded | each worker's peak RSS (anonymous) | parameters read per "
+             "process |", "|---|---|---|---|---|---|---|---|---|---|"]
     for label, runs in results.items():
         one = runs.get("1")
         for procs in sorted(runs, key=int):
             r = runs[procs]
+            phase = {k: f"{v['rss']:.2f}" for k, v in r.get("peak_tree_before_gib", {}).items()}
             rss_x = f"{r['peak_tree_rss_gib'] / one['peak_tree_rss_gib']:.2f}" if one else "-"
             pss_x = f"{r['peak_tree_pss_gib'] / one['peak_tree_pss_gib']:.2f}" if one else "-"
             each = ", ".join(f"{a:.2f} ({b:.2f})" for a, b in zip(r["worker_peak_rss_gib"], r["worker_peak_rss_anon_gib"]))
-            read = r["held"].get("loaded_parameters", "every process: all") if r.get("held") else "-"
-            lines.append(f"| {label} | {procs} | {r['peak_tree_rss_gib']:.2f} | {rss_x} | {r['peak_tree_pss_gib']:.2f} "
-                         f"| {pss_x} | {each} | {read} |")
-    return "\n".join(lines)
+            read = r["held"].get("loaded_parameters", "all, each") if r.get("held") else "-"
+            lines.append(f"| {label} | {procs} | {phase.get('loaded', '-')} | {phase.get('sharded', '-')} | "
+                         f"{r['peak_tree_rss_gib']:.2f} | {rss_x} | {r['peak_tree_pss_gib']:.2f} | {pss_x} | {each} | "
+                         f"{read} |")
+    return "\n".join(lines) + "\n\n(GiB; x one unsharded: against the 1-process row of the same label)"
 
 
 def main() -> None:
@@ -110,12 +120,19 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/anyfit_sharded_loading")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sharded_loading.json"))
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--reduce-every", action="store_true",
+                   help="sharded runs with runtime.fsdp_reduce_every_micro_batch=true")
+    p.add_argument("--malloc-mmap-threshold", type=int, default=0,
+                   help="set glibc's MALLOC_MMAP_THRESHOLD_ in the runs (freed blocks above it go back to the OS)")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cfg = write_config(work, smollm2_folder())
     compile_bytecode(work)
-    label = args.label or (Path(args.src).name if args.src else "this checkout")
+    label = args.label or ", ".join([Path(args.src).name if args.src else "this checkout"]
+                                    + (["reduce every micro-batch"] if args.reduce_every else [])
+                                    + ([f"MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"]
+                                       if args.malloc_mmap_threshold else []))
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.is_file() else {"results": {}}
     runs = saved["results"].setdefault(label, {})

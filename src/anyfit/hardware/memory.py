@@ -10,6 +10,7 @@ ask this module, so a number printed in one place means the same thing in the ot
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import resource
 import sys
@@ -29,12 +30,23 @@ def is_oom(error: BaseException) -> bool:
 
 
 def release_cached(device: str) -> None:
-    """Return cached blocks to the device after an out-of-memory error or a probe (objects must be dropped first)."""
+    """Return cached blocks to the device after an out-of-memory error, a probe or a sharded model's set-up
+    (objects must be dropped first). On the CPU the cache is the C library's: glibc keeps freed heap memory
+    resident for reuse (a sharded set-up frees a whole model's worth of broadcast buffers), and
+    ``malloc_trim`` gives it back to the OS. Hand-written through ctypes: PyTorch's CPU allocator is plain
+    malloc and no library exposes the call."""
     gc.collect()
     if device == "cuda":
         torch.cuda.empty_cache()
     elif device == "mps":
         torch.mps.empty_cache()
+    elif sys.platform.startswith("linux"):
+        try:
+            trim = getattr(ctypes.CDLL("libc.so.6"), "malloc_trim", None)
+        except OSError:  # another C library (musl): nothing to call
+            trim = None
+        if trim is not None:
+            trim(0)
 
 
 def reset_peak(device: str) -> None:

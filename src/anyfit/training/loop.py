@@ -151,6 +151,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
     if sharded:
         model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
+        say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
+            + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
     optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
     if not sharded:

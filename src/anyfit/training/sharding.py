@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from anyfit.config import Config, ConfigError
+from anyfit.hardware.memory import release_cached
 from anyfit.hardware.runtime import sharding_refusal
 from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
@@ -134,6 +135,7 @@ def _receive_from_rank0(model: nn.Module, full: dict[str, torch.Tensor],
     full.clear()  # process 0's full weights go now, not when the caller's frame ends
     for module, name, buf in buffers:
         module.register_buffer(name, buf.to(device), persistent=False)
+    release_cached(device.type)  # the broadcast's whole-tensor buffers (and process 0's model) were freed
 
 
 def _tie(model: nn.Module, shared: list[list[str]]) -> None:
