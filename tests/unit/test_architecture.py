@@ -25,6 +25,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("anyfit.planning",),  # memory and time estimates, the saver ladder, machine presets
     ("anyfit.evaluation",),  # generation, answer extraction, grading
     ("anyfit.export",),  # a run as a standalone model, GGUF, the Hub
+    ("anyfit.profiling",),  # torch.profiler traces of training steps, MFU, and config advice from them
     ("anyfit.training",),  # the loop and what it calls
     ("anyfit.download", "anyfit.quickstart"),  # whole tasks built on everything below
     ("anyfit.cli",),  # the command line

@@ -1,4 +1,4 @@
-"""The ``anyfit`` command line: train, env, render, plan, generate, eval, download, export, plot, configs,
+"""The ``anyfit`` command line: train, profile, env, render, plan, generate, eval, download, export, plot, configs,
 quickstart. Each sub-command's parser lives beside its handler (``register`` in each module); this module
 assembles them and turns a ``ConfigError``/``DataError`` into one ``anyfit: error:`` line (exit 2).
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyfit.cli import generation, machine, outputs, render, setup, train
+from anyfit.cli import generation, machine, outputs, profile, render, setup, train
 from anyfit.cli.common import version
 from anyfit.config import ConfigError, help_text
 from anyfit.data.sources import DataError
 
 # In the order `anyfit --help` lists them.
-COMMANDS = (train, machine, render, setup, generation, outputs)
+COMMANDS = (train, profile, machine, render, setup, generation, outputs)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -201,6 +201,13 @@ class RuntimeConfig:
         "process keeps only its 1/N shard of them through the window instead of an unsharded fp32 gradient of the "
         "whole model until the window's last micro-batch. Costs one reduce-scatter per micro-batch instead of one "
         "per window; 'anyfit plan' names it before CPU offload when memory is tight.")
+    profile: int = _f(
+        0, "Profile this many training steps with torch.profiler (after runtime.profile_warmup steps): a trace per "
+        "process under OUTPUT/profile/ (Perfetto, TensorBoard), the step's time by phase, memory by kind beside "
+        "the plan, and config advice with its measured reason (0: off). 'anyfit profile' runs only that.")
+    profile_warmup: int = _f(3, "Steps before the profiled ones: the first allocates the optimizer state, the middle "
+                             "ones time the step without the profiler, the last is traced but dropped and its memory "
+                             "is counted by kind.")
 
 
 @dataclass
@@ -253,12 +260,14 @@ def validate(cfg: Config) -> None:
         ("model.checkpoint_every", cfg.model.checkpoint_every, 1),
         ("lora.r", cfg.lora.r, 1),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens, 1),
+        ("runtime.profile_warmup", cfg.runtime.profile_warmup, 1),
     ]:
         if value < low:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
     for key, value in [("eval.holdout", cfg.eval.holdout), ("eval.every", cfg.eval.every),
                        ("eval.generate_every", cfg.eval.generate_every), ("train.max_steps", t.max_steps), ("train.save_every", t.save_every),
                        ("train.warmup_steps", t.warmup_steps), ("train.loss_chunk_tokens", t.loss_chunk_tokens),
+                       ("runtime.profile", cfg.runtime.profile),
                        ("runtime.num_workers", 0 if cfg.runtime.num_workers == "auto" else cfg.runtime.num_workers)]:
         if value < 0:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")

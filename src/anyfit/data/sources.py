@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from anyfit.cache import file_sha256
 from anyfit.config import DataConfig
 from anyfit.data.readers import LOCAL_SUFFIXES, DataError, Records, check_readable, concat, count_rows, read_file
 from anyfit.hub import DATA_LIKE_SUFFIXES, check_dataset_id, data_looks_local, innermost_message
@@ -35,7 +36,6 @@ FINGERPRINT_VERSION = 1
 _GLOB_MAGIC = re.compile(r"[*?\[]")
 # A slice's end when the split's length is not counted: "to the end".
 _UNCOUNTED = 2**62
-_HASH_BLOCK = 1 << 20
 
 
 @dataclass
@@ -107,16 +107,10 @@ def source_fingerprint(cfg: DataConfig) -> str:
 
 
 def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    buffer = bytearray(_HASH_BLOCK)
-    view = memoryview(buffer)
     try:
-        with path.open("rb", buffering=0) as f:
-            while n := f.readinto(buffer):
-                digest.update(view[:n])
+        return file_sha256(path)
     except OSError as e:
         raise DataError(f"{path}: cannot read the file ({e.strerror or e}).") from None
-    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------- resolution

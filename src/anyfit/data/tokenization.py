@@ -234,7 +234,7 @@ def _tokenize_renderings(renderings: Sequence[Rendered], tokenizer: PreTrainedTo
         raise DataError("data.add_eos is on but the tokenizer has no EOS token; set data.add_eos=false or use a "
                         "tokenizer with one.")
     # Each kind in one pass (batched encoding where the kind allows it), then back in the original order.
-    pairs: list[tuple[list[int], list[bool]]] = [([], [])] * len(renderings)
+    pairs: list[tuple[list[int], list[int]]] = [([], [])] * len(renderings)
     for kind, tokenize_kind in ((Rendering, _tokenize_segments), (Joined, _tokenize_joined),
                                 (TemplateMasked, _tokenize_template_masked)):
         where = [i for i, r in enumerate(renderings) if isinstance(r, kind)]
@@ -242,8 +242,9 @@ def _tokenize_renderings(renderings: Sequence[Rendered], tokenizer: PreTrainedTo
             for i, pair in zip(where, tokenize_kind([renderings[i] for i in where], tokenizer, cfg)):
                 pairs[i] = pair
     results = []
-    for input_ids, trained in pairs:
-        labels = [tok if (t or cfg.train_on == "all") else IGNORE_INDEX for tok, t in zip(input_ids, trained)]
+    for input_ids, labels in pairs:
+        if cfg.train_on == "all":
+            labels = list(input_ids)
         if labels:
             labels[0] = IGNORE_INDEX  # nothing predicts the first token
         results.append((input_ids, labels))
@@ -251,7 +252,9 @@ def _tokenize_renderings(renderings: Sequence[Rendered], tokenizer: PreTrainedTo
 
 
 def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTokenizerBase,
-                       cfg: DataConfig) -> list[tuple[list[int], list[bool]]]:
+                       cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of segment renderings: a trained segment's ids are its labels, a masked one's are
+    IGNORE_INDEX (built a segment at a time, not a token at a time: this runs on every token of a data set)."""
     eos = tokenizer.eos_token_id
     prefix = _special_prefix(tokenizer)
     # One batched call: the fast tokenizer encodes the whole list in parallel.
@@ -259,23 +262,23 @@ def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTok
     results = []
     for rendering in renderings:
         input_ids: list[int] = list(prefix) if rendering.add_special_tokens else []
-        trained: list[bool] = [False] * len(input_ids)
+        labels: list[int] = [IGNORE_INDEX] * len(input_ids)
         for segment in rendering.segments:
             ids = next(encoded)
             input_ids += ids
-            trained += [segment.trained] * len(ids)
+            labels += ids if segment.trained else [IGNORE_INDEX] * len(ids)
         # The model must learn to stop: end the last trained segment with EOS unless it already does
         # (Qwen's chat template ends turns with <|im_end|>, its EOS). The EOS goes at the very end, after
         # the final trained segment, so earlier turns look exactly as the chat template renders them.
         if cfg.add_eos and rendering.segments[-1].trained and input_ids[-1:] != [eos]:
             input_ids.append(eos)
-            trained.append(True)
-        results.append((input_ids, trained))
+            labels.append(eos)
+        results.append((input_ids, labels))
     return results
 
 
 def _tokenize_joined(renderings: Sequence[Joined], tokenizer: PreTrainedTokenizerBase,
-                     cfg: DataConfig) -> list[tuple[list[int], list[bool]]]:
+                     cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
     """TRL's rule: the text tokenized whole; the loss from the first token where it differs from the prompt's ids
     (not always the prompt's length: the prompt's last token can merge with the completion's first)."""
     texts = _encode_each([(r.text, r.add_special_tokens) for r in renderings], tokenizer)
@@ -284,12 +287,12 @@ def _tokenize_joined(renderings: Sequence[Joined], tokenizer: PreTrainedTokenize
     results = []
     for rendering, ids in zip(renderings, texts):
         start = 0 if rendering.prompt is None else _common_prefix(next(prompts), ids)
-        results.append((ids, [False] * start + [True] * (len(ids) - start)))
+        results.append((ids, [IGNORE_INDEX] * start + ids[start:]))
     return results
 
 
 def _tokenize_template_masked(renderings: Sequence[TemplateMasked], tokenizer: PreTrainedTokenizerBase,
-                              cfg: DataConfig) -> list[tuple[list[int], list[bool]]]:
+                              cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
     template = generation_template(tokenizer)  # once: finding TRL's version of a template renders probes
     results = []
     for rendering in renderings:
@@ -299,7 +302,8 @@ def _tokenize_template_masked(renderings: Sequence[TemplateMasked], tokenizer: P
         except Exception as e:  # jinja raises its own errors from template code
             raise DataError(f"{rendering.place}: the chat template failed on this conversation: "
                             f"{' '.join(str(e).split())}") from e
-        results.append((list(enc["input_ids"]), [bool(m) for m in enc["assistant_masks"]]))
+        ids = list(enc["input_ids"])
+        results.append((ids, [t if m else IGNORE_INDEX for t, m in zip(ids, enc["assistant_masks"])]))
     return results
 
 
@@ -317,8 +321,26 @@ def _pretokenized(example: Example, cfg: DataConfig, vocab_size: int) -> tuple[l
 
 
 def _encode(texts: list[str], tokenizer: PreTrainedTokenizerBase, add_special_tokens: bool = False) -> list[list[int]]:
-    # Special tokens written in the text (a chat template's <|im_start|>) are still recognised as such.
-    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"] if texts else []
+    """The ids of each text, as ``tokenizer(texts)["input_ids"]`` gives them. Special tokens written in the text
+    (a chat template's <|im_start|>) are still recognised as such."""
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if _plain_backend(tokenizer, backend):
+        # The Rust tokenizer's batch call without character offsets, which nothing here reads: measured 15% less
+        # time than the transformers call on Qwen2.5 chat data, and tokenizing is most of a token store's build.
+        return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
+    return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
+
+
+def _plain_backend(tokenizer: PreTrainedTokenizerBase, backend) -> bool:
+    """Whether the fast tokenizer's Rust backend, called as it is, gives what the transformers call gives: it has
+    no truncation or padding set (the transformers call clears them) and splits special tokens as the tokenizer
+    says. Otherwise the transformers call is used."""
+    return (backend is not None and hasattr(backend, "encode_batch_fast") and backend.truncation is None
+            and backend.padding is None
+            and getattr(backend, "encode_special_tokens", False) == bool(getattr(tokenizer, "split_special_tokens",
+                                                                                 False)))
 
 
 def _encode_each(items: list[tuple[str, bool]], tokenizer: PreTrainedTokenizerBase) -> list[list[int]]:
@@ -356,7 +378,7 @@ def _special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 
 def _count_trained(labels: list[int]) -> int:
-    return sum(1 for x in labels if x != IGNORE_INDEX)
+    return len(labels) - labels.count(IGNORE_INDEX)  # list.count runs in C: this is called on every example
 
 
 def nothing_left(report: DataReport) -> str:

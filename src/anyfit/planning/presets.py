@@ -198,14 +198,28 @@ def cuda_interconnect(name: str) -> float:
 
 def measure_cpu_tflops(seconds: float = 0.3, n: int = 1024) -> float:
     """fp32 matmul throughput of this process's CPU threads (a short timing, not a benchmark)."""
+    return measure_matmul_tflops("cpu", seconds=seconds, n=n)
+
+
+def measure_matmul_tflops(device: str = "cpu", dtype: str = "fp32", seconds: float = 0.3, n: int = 1024) -> float:
+    """Dense matmul throughput on ``device`` (cpu, mps) in ``dtype``: the peak MFU is measured against where no
+    datasheet figure applies. The device is synchronized before the clock is read (MPS runs asynchronously)."""
     import torch
 
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    a @ b  # warm up the BLAS threads
+    torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    a = torch.randn(n, n, device=device, dtype=torch_dtype)
+    b = torch.randn(n, n, device=device, dtype=torch_dtype)
+    sync = torch.mps.synchronize if device == "mps" else (lambda: None)
+    a @ b  # warm up the BLAS threads (or the Metal kernels)
+    sync()
     calls, start = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - start) < seconds:
         a @ b
         calls += 1
+        if device == "mps" and calls % 8 == 0:
+            sync()
+    sync()
+    elapsed = time.perf_counter() - start
     return 2 * n**3 * calls / elapsed / 1e12
 
 

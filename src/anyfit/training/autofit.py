@@ -7,7 +7,9 @@ from ``anyfit.data.batching.micro_batch_candidates``, the rule ``anyfit plan`` u
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+from torch.profiler import record_function
 
 from anyfit.config import ConfigError
 from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, example_lengths, to_device
@@ -23,7 +25,7 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
     ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's); ``agree(peak)``
     turns this process's peak into the one all processes use."""
     lengths = example_lengths(examples)  # a token store's, without reading every example
-    longest = sorted(range(len(examples)), key=lambda i: -lengths[i])
+    longest = np.argsort(-lengths, kind="stable").tolist()  # longest first; ties in example order
 
     def measured(micro: int) -> int | None:
         batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
@@ -104,8 +106,10 @@ def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step:
     dropped and the step is redone whole with half the micro-batch. Returns (loss sum, example indices
     per micro-batch, window trainable tokens)."""
     while True:
-        indices, window_tokens, cpu_batches = stream.get(step)
-        batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
+        with record_function("anyfit.data_wait"):  # the phases anyfit.profiling reads from a trace
+            indices, window_tokens, cpu_batches = stream.get(step)
+        with record_function("anyfit.h2d"):
+            batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
             loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn, reduce_every)
             return loss_sum, indices, window_tokens

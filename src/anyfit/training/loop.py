@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from anyfit.config import Config
@@ -32,6 +33,9 @@ from anyfit.data.batching import (
 from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import count_parameters, load_model, load_tokenizer
+from anyfit.model.shape import shape_from_config
+from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
+from anyfit.profiling.session import profiled
 from anyfit.runfolder import METRICS
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
 from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_model
@@ -96,6 +100,9 @@ class Run:
     start: int = 0
     skipped_before: int = 0
     loaded: int = 0  # parameter elements this process read from the weights (none on the meta device)
+    flops: ModelFlops | None = None  # model FLOPs of a window (for MFU; anyfit.profiling.flops)
+    peak: DevicePeak | None = None  # one device's dense peak, what MFU is measured against
+    save_final: bool = True  # False: `anyfit profile` (the steps are the product, not the model)
 
 
 def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
@@ -109,8 +116,10 @@ def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
     return max(1, math.ceil(cfg.train.epochs * sampler.steps_per_epoch))
 
 
-def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None) -> TrainResult:
-    """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests."""
+def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None,
+          save_final: bool = True) -> TrainResult:
+    """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests;
+    ``save_final=False`` skips writing the final model (a profiling run)."""
     from accelerate.utils import set_seed
 
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
@@ -149,6 +158,9 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     loaded = sum(p.numel() for p in model.parameters() if not p.is_meta)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
+    flops = ModelFlops.of(shape_from_config(model.config.get_text_config()),
+                          trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
+    peak = device_peak(policy.device, policy.precision)
     if sharded:
         model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
         say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
@@ -165,7 +177,8 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     run = Run(cfg, policy, accelerator, model, optimizer, scheduler, tokenizer, data,
               StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
                          policy.pin_memory),
-              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps, loaded=loaded)
+              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps, flops=flops, peak=peak,
+              save_final=save_final, loaded=loaded)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)
@@ -173,7 +186,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
         say(f"[anyfit] resumed from {resume_from} at step {run.start} of {steps}")
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
-                      describe_run(policy, sharding, plan, steps, data.report, trainable, total))
+                      describe_run(policy, sharding, plan, steps, data.report, trainable, total) | {"mfu": peak.as_dict()})
     try:
         start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
         return run_steps(run, say)  # closes the trackers at its end
@@ -193,8 +206,9 @@ def run_steps(run: Run, say=print) -> TrainResult:
     log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
     on_device = skips_on_device(optimizer, run.policy.precision)  # no host sync to learn if a step was finite
-    meter = StepMeter(acc.device)
-    steps_per_epoch = run.stream.batches.sampler.steps_per_epoch
+    meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0)
+    sampler = run.stream.batches.sampler
+    steps_per_epoch = sampler.steps_per_epoch
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")
     bar = tqdm(total=run.steps, initial=run.start, disable=not acc.is_main_process, desc="train", dynamic_ncols=True)
 
@@ -218,19 +232,21 @@ def run_steps(run: Run, say=print) -> TrainResult:
     if run.start == 0:
         evaluate(0)
     done = run.start
-    with StopOnSignal() as stop:
+    with StopOnSignal() as stop, profiled(run, say) as profiler:  # runtime.profile: a no-op unless set
         for step in range(run.start, run.steps):
             loss_sum, indices, window_tokens = backward_with_retry(acc, model, optimizer, run.stream, step,
                                                                    run.loss_fn, run.policy.device, say,
                                                                    cfg.runtime.fsdp_reduce_every_micro_batch)
-            grad_norm = clip_gradients(acc, model, max_norm)
-            finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision), on_device)
-            run.scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            with record_function("anyfit.optimizer"):
+                grad_norm = clip_gradients(acc, model, max_norm)
+                finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision), on_device)
+                run.scheduler.step()
+                optimizer.zero_grad(set_to_none=True)
             done = step + 1
             guard.add(finite)
             meter.add(loss_sum, finite, window_tokens,
-                      sum(len(run.data.examples[i]["input_ids"]) for idx in indices for i in idx))
+                      sum(len(run.data.examples[i]["input_ids"]) for idx in indices for i in idx),
+                      run.flops.of_window(sampler.lengths, sampler.trainable, indices) if run.flops else 0.0)
             bar.update(1)
             log_now = done % cfg.train.log_every == 0 or done == run.steps
             if log_now:
@@ -244,7 +260,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
                                     skipped_steps=guard.skipped, micro_batch=run.stream.plan.micro_batch)
                 log.write(record)
                 result.losses.append(record["loss"])
-                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_s']:.0f}",
+                                **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}))
             evaluate(done)
             # Several processes agree on a stop with a collective (a host sync): only on logged steps.
             if (acc.num_processes == 1 or log_now) and stop.requested(acc) and done < run.steps:
@@ -252,6 +269,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
                 break
             if cfg.train.save_every and done % cfg.train.save_every == 0 and done < run.steps:
                 checkpoint(done)
+            profiler.step()
     bar.close()
     guard.flush()
     result.skipped_steps = guard.skipped
@@ -262,7 +280,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
         path = checkpoint(done)
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
-    else:  # the final model: loadable by transformers (or PEFT for an adapter)
+    elif run.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
         save_model(acc, model, run.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")

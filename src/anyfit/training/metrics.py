@@ -106,33 +106,43 @@ class StepMeter:
     """Loss and token counts since the last metrics line.
 
     Sums stay on the device, so a step adds to them without a host sync; ``line`` reads them with one
-    collective over the processes (only on logged steps) and starts the next interval.
+    collective over the processes (only on logged steps) and starts the next interval. ``peak_flops``: one
+    device's dense FLOP/s (``anyfit.profiling.flops.device_peak``); with it every line carries ``mfu``, the model
+    FLOPs of all processes over the interval's time and their summed peak.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, peak_flops: float = 0.0):
         self.loss = torch.zeros((), device=device)  # summed token loss of the finite steps
         self.trained = torch.zeros((), device=device, dtype=torch.long)  # their trainable tokens (global window)
         self.real_tokens = 0  # tokens this process fed to the model (host ints: no sync)
+        self.flops = 0.0  # model FLOPs of this process's windows (host float)
+        self.peak_flops = peak_flops
         self.t0 = time.perf_counter()
 
-    def add(self, loss_sum: torch.Tensor, finite: torch.Tensor | bool, window_tokens: int, real_tokens: int) -> None:
+    def add(self, loss_sum: torch.Tensor, finite: torch.Tensor | bool, window_tokens: int, real_tokens: int,
+            flops: float = 0.0) -> None:
         finite = torch.as_tensor(finite, device=self.loss.device)
         self.loss += torch.where(finite, loss_sum, 0.0)
         self.trained += finite * window_tokens
         self.real_tokens += real_tokens
+        self.flops += flops
 
     def line(self, accelerator, device: str, **fields: Any) -> dict[str, Any]:
         """The metrics record of the interval (``fields`` first: step, lr, ...), then a fresh interval."""
-        totals = torch.stack([self.loss, torch.tensor(float(self.real_tokens), device=self.loss.device)])
-        loss_total, real_total = accelerator.reduce(totals, reduction="sum").tolist()
+        host = torch.tensor([float(self.real_tokens), self.flops / 1e9], device=self.loss.device)  # GFLOPs: fp32-safe
+        totals = torch.cat([self.loss.float().reshape(1), host])
+        loss_total, real_total, gflops = accelerator.reduce(totals, reduction="sum").tolist()
         elapsed = time.perf_counter() - self.t0  # after the collective above: the device work is included
         trained = int(self.trained)
         record = {**fields, "loss": round(loss_total / trained, 6) if trained else float("nan"),
                   "tokens_per_s": round(real_total / elapsed, 1), "real_tokens": int(real_total),
                   "trainable_tokens": trained, "peak_mem_gib": round(peak_bytes(device) / GIB, 3), **system_metrics(device)}
+        if self.peak_flops:
+            record["mfu"] = round(gflops * 1e9 / elapsed / (self.peak_flops * accelerator.num_processes), 5)
         self.loss.zero_()
         self.trained.zero_()
         self.real_tokens = 0
+        self.flops = 0.0
         self.t0 = time.perf_counter()
         return record
 

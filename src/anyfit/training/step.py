@@ -5,6 +5,7 @@ against non-finite losses and gradients. Each is a small function with its own t
 from __future__ import annotations
 
 import torch
+from torch.profiler import record_function
 
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.sharding import gradient_sync, is_sharded
@@ -29,8 +30,10 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
     for i, batch in enumerate(micro_batches):
         # Reduce gradients on the last micro-step only: before it they just accumulate locally.
         with gradient_sync(accelerator, model, sync=every or i == len(micro_batches) - 1):
-            loss_sum = loss_fn(model, batch)
-            accelerator.backward(loss_sum * scale)
+            with record_function("anyfit.forward"):  # the phases anyfit.profiling reads from a trace
+                loss_sum = loss_fn(model, batch)
+            with record_function("anyfit.backward"):
+                accelerator.backward(loss_sum * scale)
         total += loss_sum.detach()
     return total
 

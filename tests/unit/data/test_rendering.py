@@ -292,3 +292,22 @@ def test_conversations_without_an_assistant_turn_are_counted_apart(qwen_tokenize
     assert "1 were dropped with nothing to train on" in report.summary()
     with pytest.raises(DataError, match="1 with nothing to train on .conversations without an assistant turn"):
         tokenize_dataset([no_answer], qwen_tokenizer, DataConfig())
+
+
+def test_encode_matches_the_transformers_call(qwen_tokenizer):
+    """The backend fast path gives exactly tokenizer(texts)'s ids, and a tokenizer whose backend has truncation
+    set (the transformers call would clear it) takes the transformers call, not a silently cut encoding."""
+    from anyfit.data.tokenization import _encode, _plain_backend
+
+    texts = ["<|im_start|>user\nÜnïcödé ✓ $\\sqrt{2}$<|im_end|>\n", " leading and trailing ", "a " * 300, "日本語"]
+    for special in (False, True):
+        assert _encode(texts, qwen_tokenizer, special) == qwen_tokenizer(texts, add_special_tokens=special)["input_ids"]
+    backend = qwen_tokenizer.backend_tokenizer
+    assert _plain_backend(qwen_tokenizer, backend)
+    whole = _encode(texts, qwen_tokenizer)
+    backend.enable_truncation(max_length=8)
+    try:
+        assert not _plain_backend(qwen_tokenizer, backend)
+        assert _encode(texts, qwen_tokenizer) == whole  # the transformers call clears the truncation
+    finally:
+        backend.no_truncation()

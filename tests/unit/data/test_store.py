@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
+from anyfit import cache
 from anyfit.config import load_config
 from anyfit.data.prepare import prepare_training_data
 from anyfit.data.sources import load_records
@@ -114,19 +115,27 @@ def test_an_unchanged_input_reuses_the_store_and_a_changed_one_never_does(tokeni
     assert rebuilt.folder != first.folder and "built" in said[-1]
 
 
-@pytest.mark.parametrize("damage", ["truncate", "flip", "manifest"])
-def test_a_damaged_store_is_rebuilt_not_trusted(damage, tokenizer, tmp_path):
+@pytest.mark.parametrize("damage", ["truncate", "flip", "flip-verified-before", "manifest"])
+def test_a_damaged_store_is_rebuilt_not_trusted(damage, tokenizer, tmp_path, monkeypatch):
     path = write_jsonl(tmp_path / "d.jsonl", problems(40))
     cfg = data_cfg(path, tmp_path, "data.template=plain")
     store = open_or_build(cfg, tokenizer, echo=lambda *a: None)
     good = list(store.view())
     target = store.folder / "input_ids.bin"
+    if damage == "flip-verified-before":  # its digest remembered (anyfit.cache), then a byte changed in place
+        monkeypatch.setattr(cache, "RACY_S", 0.0)
+        assert store_problem(store.folder, verify=True) is None
+        assert any((cache.cache_root() / "digests").iterdir())
     if damage == "truncate":
         target.write_bytes(target.read_bytes()[:-4])
-    elif damage == "flip":
-        data = bytearray(target.read_bytes())
-        data[10] ^= 0xFF
-        target.write_bytes(bytes(data))
+    elif damage.startswith("flip"):
+        before = os.stat(target)
+        with open(target, "r+b") as f:
+            f.seek(10)
+            byte = f.read(1)[0]
+            f.seek(10)
+            f.write(bytes([byte ^ 0xFF]))
+        os.utime(target, ns=(before.st_atime_ns, before.st_mtime_ns))  # the same size and mtime: only ctime moves
     else:
         (store.folder / "manifest.json").write_text("{")
     assert store_problem(store.folder, verify=True) is not None
@@ -197,7 +206,6 @@ def half_written(stores: Path) -> bool:
                                    and (p / "input_ids.bin").stat().st_size > 0 for p in stores.iterdir())
 
 
-@pytest.mark.multiprocess
 def prepare_until_tokens(config: Path, tmp_path: Path, env: dict) -> tuple[subprocess.Popen, Path]:
     """``anyfit prepare`` started and caught while it writes tokens (its store half-written)."""
     victim = prepare_command(config, env)
@@ -210,8 +218,10 @@ def prepare_until_tokens(config: Path, tmp_path: Path, env: dict) -> tuple[subpr
     return victim, stores
 
 
+@pytest.mark.multiprocess
 def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tmp_path):
-    """SIGKILL while tokenizing: only a temporary folder is left, and the next prepare builds a complete store."""
+    """SIGKILL while tokenizing: only a temporary folder is left, and the next prepare builds a complete store
+    and removes that folder."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     victim, stores = prepare_until_tokens(big_config, tmp_path, env)
     victim.send_signal(signal.SIGKILL)
@@ -223,6 +233,7 @@ def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tm
     (store,) = [p for p in stores.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert store_problem(store, verify=True) is None and "built" in out
     assert len(TokenStore.open(store)) > 10_000
+    assert not [p for p in stores.iterdir() if ".tmp-" in p.name]  # the killed build's folder is gone
 
 
 @pytest.mark.multiprocess

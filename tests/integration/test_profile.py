@@ -1,0 +1,100 @@
+"""``anyfit profile`` on a tiny model on CPU: real torch.profiler traces of real steps, the breakdown, memory by
+kind beside the plan, MFU on every metrics line, and each CPU advice rule firing on a deliberately bad config and
+silent on a good one (the CUDA and multi-GPU rules: tests/unit/profiling/test_advice.py, on synthetic profiles)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tiny_runs import ENV, read_metrics, write_dataset
+
+from anyfit.cli import main
+
+GOOD = ["train.effective_batch=8", "train.micro_batch=8", "train.packing=true", "train.loss_chunk_tokens=1024",
+        "model.gradient_checkpointing=false"]
+
+
+def _profile(model_dir, tmp_path: Path, name: str, *extra: str) -> tuple[dict, Path]:
+    data = write_dataset(tmp_path / "d.jsonl", n=32)
+    out = tmp_path / name
+    rc = main(["profile", f"model.name_or_path={model_dir}", f"data.path={data}", "data.template=plain",
+               "train.seed=0", *GOOD, *extra, "--steps", "2", "--out", str(out)])
+    assert rc == 0
+    return json.loads((out / "profile" / "profile.json").read_text()), out
+
+
+@pytest.fixture(scope="module")
+def good(tiny_llama_dir, tmp_path_factory):
+    return _profile(tiny_llama_dir, tmp_path_factory.mktemp("good"), "good")
+
+
+def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):
+    profile, out = good
+    (trace,) = profile["traces"]
+    opener = gzip.open if trace.endswith(".gz") else open
+    with opener(trace, "rt") as f:
+        events = json.load(f)["traceEvents"]  # the Chrome trace format Perfetto and TensorBoard read
+    names = {e.get("name") for e in events}
+    assert {"anyfit.forward", "anyfit.backward", "anyfit.optimizer", "anyfit.data_wait"} <= names
+    phases = profile["phases_s"]
+    assert sum(phases.values()) == pytest.approx(profile["step_s"], rel=1e-6)
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["optimizer"] > 0
+    assert profile["top_operators"] and profile["top_operators"][0]["ms_per_step"] > 0
+    measured, planned = profile["memory_measured_gib"], profile["memory_planned_gib"]
+    assert measured["weights"] == pytest.approx(planned["weights_gib"], rel=0.05)  # fp32 weights, both ways
+    assert measured["optimizer"] == pytest.approx(2 * measured["weights"], rel=0.05)  # AdamW: two fp32 states
+    assert measured["gradients"] > 0 and measured["activations"] > 0 and measured["logits"] > 0
+    assert 0 < profile["mfu"] < 1 and profile["padding_share"] == 0
+    assert not (out / "model.safetensors").exists()  # a profile run keeps no model
+    lines = read_metrics(out)
+    assert len(lines) == 5 and all(0 < line["mfu"] < 1 for line in lines)  # 3 warm-up + 2 profiled steps
+    assert 0 < profile["untraced_step_s"]  # the step timed without the profiler
+    assert json.loads((out / "run_info.json").read_text())["mfu"]["peak_tflops_per_device"] > 0
+
+
+def test_a_good_config_gets_no_advice(good):
+    assert good[0]["advice"] == []
+
+
+@pytest.mark.multirun
+@pytest.mark.parametrize("bad, key", [
+    (["train.packing=false"], "train.packing"),  # micro-batch 8 of 5..15-token examples, padded to the longest
+    (["train.micro_batch=1"], "train.micro_batch"),  # 8 forward/backward calls a step, each with a fixed cost
+    (["model.gradient_checkpointing=true"], "model.gradient_checkpointing"),  # recomputes with memory to spare
+    (["train.loss_chunk_tokens=0"], "train.loss_chunk_tokens"),  # fp32 logits over the 151k vocabulary at once
+])
+def test_each_cpu_rule_fires_on_its_bad_config(tiny_llama_dir, tmp_path, capsys, bad, key):
+    profile, _ = _profile(tiny_llama_dir, tmp_path, "bad", *bad)
+    advice = {a["key"]: a for a in profile["advice"]}
+    assert key in advice, profile["advice"]
+    printed = capsys.readouterr().out
+    assert f"- {advice[key]['setting']}: " in printed and "expected:" in printed
+
+
+def test_profile_refuses_bad_steps_in_one_line(capsys):
+    assert main(["profile", "model.name_or_path=x", "data.path=y", "--steps", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--steps" in err[0]
+
+
+@pytest.mark.multiprocess
+def test_two_processes_one_trace_each_breakdown_of_the_slowest(tiny_llama_dir, tmp_path):
+    data = write_dataset(tmp_path / "d.jsonl", n=32)
+    out = tmp_path / "two"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "anyfit",
+                          "profile", f"model.name_or_path={tiny_llama_dir}", f"data.path={data}", "data.template=plain",
+                          "train.effective_batch=8", "train.micro_batch=2", "--steps", "2", "--out", str(out)],
+                         env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    profile = json.loads((out / "profile" / "profile.json").read_text())
+    traces = sorted(os.path.basename(t).split(".")[0] for t in profile["traces"])
+    assert traces == ["rank0", "rank1"]
+    assert len(profile["step_s_per_process"]) == 2 and profile["step_s"] == pytest.approx(max(profile["step_s_per_process"]), abs=1e-4)
+    assert profile["communication_s"] > 0  # gloo's gradient all-reduce, seen in the trace
+    assert run.stdout.count("[anyfit] profile (cpu") == 1  # printed once, by the main process

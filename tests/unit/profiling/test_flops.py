@@ -1,0 +1,62 @@
+"""The MFU numerator: ``ModelFlops`` against PyTorch's own FLOP counter on a real forward+backward."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from anyfit.data.batching import collate
+from anyfit.model.shape import shape_from_config
+from anyfit.profiling.flops import ModelFlops, device_peak
+from anyfit.training.loss import token_loss_sum
+
+
+def _counted(model, examples) -> float:
+    batch = collate(examples, pad_id=0, packed=True)
+    with FlopCounterMode(display=False) as counter:
+        token_loss_sum(model, batch).backward()
+    return counter.get_total_flops()
+
+
+def _examples(lengths, prompt=3):
+    return [{"input_ids": list(range(5, 5 + n)), "labels": [-100] * prompt + list(range(5 + prompt, 5 + n))}
+            for n in lengths]
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_model_flops_match_torch_flop_counter(tiny_llama_dir, lora):
+    """6N (full) or 4N + 6 N_lora (LoRA) per token, the head on trained tokens only, 12 L q len^2 attention:
+    within 1% of what torch.utils.flop_counter counts for the same packed micro-batch (0.2% measured)."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, attn_implementation="eager")
+    shape = shape_from_config(model.config)
+    lora_params = 0
+    if lora:
+        model = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "k_proj", "v_proj", "o_proj",
+                                                                       "gate_proj", "up_proj", "down_proj"]))
+        lora_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    examples = _examples([40, 25, 12])
+    flops = ModelFlops.of(shape, lora_params)
+    expected = flops.of_examples([40, 25, 12], [40 - 3, 25 - 3, 12 - 3])
+    counted = _counted(model, examples)
+    assert expected == pytest.approx(counted, rel=0.01)
+    # LoRA counts fewer FLOPs per token than full fine-tuning: no weight gradients for the frozen base.
+    assert ModelFlops.of(shape, 1000).body_per_token < ModelFlops.of(shape).body_per_token
+
+
+def test_padding_and_prompt_tokens_do_not_count():
+    shape = dataclasses.make_dataclass("S", ["body_linear_params", "vocab_size", "hidden_size", "num_layers",
+                                             "q_dim"])(1000, 50, 8, 2, 16)
+    f = ModelFlops.of(shape)
+    assert f.of_examples([10], [10]) - f.of_examples([10], [4]) == pytest.approx(6 * 50 * 8 * 6)
+    assert f.of_examples([10, 10], [0, 0]) == pytest.approx(2 * f.of_examples([10], [0]))
+
+
+def test_cpu_peak_is_measured():
+    peak = device_peak("cpu", "fp32")
+    assert peak.tflops > 0 and "measured" in peak.source
