@@ -74,8 +74,6 @@ def measure(args: argparse.Namespace, work: Path, cfg: Path, procs: int) -> dict
     src = Path(args.src).resolve() / "src" if args.src else ROOT / "src"
     env = child_env(work, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                     PYTHONPATH=str(src) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    if args.malloc_mmap_threshold:
-        env["MALLOC_MMAP_THRESHOLD_"] = str(args.malloc_mmap_threshold)
     cmd = command(cfg, work / f"out-{procs}", procs) + (["runtime.fsdp_reduce_every_micro_batch=true"]
                                                         if args.reduce_every and procs > 1 else [])
     # the set-up's peaks: until the model is loaded (every process has built it, weights read or not), and until
@@ -122,17 +120,13 @@ def main() -> None:
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--reduce-every", action="store_true",
                    help="sharded runs with runtime.fsdp_reduce_every_micro_batch=true")
-    p.add_argument("--malloc-mmap-threshold", type=int, default=0,
-                   help="set glibc's MALLOC_MMAP_THRESHOLD_ in the runs (freed blocks above it go back to the OS)")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cfg = write_config(work, smollm2_folder())
     compile_bytecode(work)
     label = args.label or ", ".join([Path(args.src).name if args.src else "this checkout"]
-                                    + (["reduce every micro-batch"] if args.reduce_every else [])
-                                    + ([f"MALLOC_MMAP_THRESHOLD_={args.malloc_mmap_threshold}"]
-                                       if args.malloc_mmap_threshold else []))
+                                    + (["reduce every micro-batch"] if args.reduce_every else []))
     out = Path(args.out)
     saved = json.loads(out.read_text()) if out.is_file() else {"results": {}}
     runs = saved["results"].setdefault(label, {})

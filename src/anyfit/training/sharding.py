@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from anyfit.config import Config, ConfigError
-from anyfit.hardware.memory import release_cached
+from anyfit.hardware.memory import keep_host_heap_small, release_cached
 from anyfit.hardware.runtime import sharding_refusal
 from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
@@ -87,8 +87,15 @@ def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, dev
 
     ``from_rank0`` (collective): only process 0 has read the weights (the others built ``load_model(...,
     empty=True)``); every process shards the empty model and receives its slices from process 0 (see
-    ``_receive_from_rank0``), so no other process ever holds the whole model."""
+    ``_receive_from_rank0``), so no other process ever holds the whole model.
+
+    Where the sharded state lives in host RAM (CPU processes, or offload), the C library is told to return
+    freed tensors' memory at once (``keep_host_heap_small``): several processes share that RAM, and each
+    otherwise keeps about a model's worth of freed gathers and gradients."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    if device.type == "cpu" or offload:
+        keep_host_heap_small()
 
     full: dict[str, torch.Tensor] = {}
     if from_rank0:
