@@ -6,7 +6,8 @@
    prompt/completion records of 10 to 100 words.
 2. Profiles a slow config: padded rows (``train.packing=false``), micro-batch 1, no batch workers
    (``runtime.num_workers=0``), effective batch 16; reads the advice and the predicted tokens/s factor of
-   following all its layout and data advice together (``profile.json``: ``combined_factor``).
+   following all its layout and data advice together: the probe's measured factor (``profile.json``:
+   ``probe.factor``, a few untraced steps of each config), and the step model's (``combined_factor``) beside it.
 3. Trains the slow config and the advised one for ``--steps`` steps each, ``--repeats`` times alternating (the
    machine is shared: alternating spreads its load over both), and takes the median tokens/s of each run's
    steps after the first two.
@@ -75,7 +76,8 @@ def main() -> int:
         anyfit("profile", *base, "--steps", "3", "--out", str(root / "profile"))
         profile = json.loads((root / "profile" / "profile" / "profile.json").read_text())
         advised = [a["setting"] for a in profile["advice"] if a["factor"]]
-        predicted = profile["combined_factor"]
+        modelled, probe = profile["combined_factor"], profile.get("probe") or {}
+        predicted = probe.get("factor") or modelled  # what anyfit profile printed as the expected effect
         print("advice:", *(f"  {a['setting']}: {a['reason']}; expected {a['effect']}" for a in profile["advice"]),
               sep="\n")
         slow, fast = [], []
@@ -85,6 +87,7 @@ def main() -> int:
     measured = statistics.median(fast) / statistics.median(slow)
     agree = predicted is not None and abs(measured / predicted - 1) <= 0.25
     print(f"slow config tokens/s {[round(x) for x in slow]}, advised ({' '.join(advised)}) {[round(x) for x in fast]}")
+    print(f"step model x{modelled or float('nan'):.2f}; probe x{probe.get('factor') or float('nan'):.2f}")
     print(f"predicted x{predicted or float('nan'):.2f}, measured x{measured:.2f}: "
           f"{'within' if agree else 'NOT within'} 25%")
     print(f"load average before {load_before[0]:.2f}, after {os.getloadavg()[0]:.2f}; cores {os.cpu_count()}")

@@ -7,6 +7,7 @@ A run folder holds
 - ``run_info.json``: runtime policy with its reasons, batch split, data report, versions;
 - ``metrics.jsonl``: one JSON object per logged step, appended while the run goes on;
 - ``loss.png``: the curves, drawn at the end of the run and by ``anyfit plot``;
+- ``.anyfit-run.lock``: held by the run that is writing the folder (``RunLock``);
 - ``checkpoint-<step>/``: written as ``.tmp-checkpoint-<step>/`` and renamed when complete (what a checkpoint
   holds is ``anyfit.training.checkpoint``'s);
 - the final model (``config.json`` + weights, or ``adapter_config.json`` + adapter) when the run finished.
@@ -14,7 +15,11 @@ A run folder holds
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,48 @@ PLOT = "loss.png"
 CHECKPOINT_PREFIX = "checkpoint-"
 TMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
 FINAL_MODEL_FILES = ("config.json", "adapter_config.json")  # either marks a finished run's final model
+LOCK = ".anyfit-run.lock"
+
+
+class RunLock:
+    """Held by the process that writes a run folder for as long as its run goes on, so that a second run on the
+    same folder is refused at once. An ``flock``: the kernel releases it when the holding process ends, however
+    it ends, so the file a crashed or killed run leaves behind blocks nothing; what the file says (process, host,
+    start) only names the holder in the refusal. (On a network file system that does not pass ``flock`` on, two
+    machines do not see each other's lock.)"""
+
+    def __init__(self, run_dir: Path, enabled: bool = True):
+        self.run_dir, self.enabled, self.file, self.created = Path(run_dir), enabled, None, False
+
+    def __enter__(self) -> RunLock:
+        if not self.enabled:
+            return self
+        self.created = not self.run_dir.exists()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        file = (self.run_dir / LOCK).open("a+", encoding="utf-8")
+        try:
+            fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            file.seek(0)
+            holder = file.read().strip() or "another process"
+            file.close()
+            raise ConfigError(f"train.output_dir {self.run_dir} is in use by a run that is still going ({holder}); "
+                              "wait for it to end, or choose another train.output_dir.") from None
+        file.truncate(0)
+        file.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        file.flush()
+        self.file = file
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        if self.file is not None:
+            if self.created and [p.name for p in self.run_dir.iterdir()] == [LOCK]:
+                (self.run_dir / LOCK).unlink()  # a run that stopped before writing anything leaves no folder
+                self.run_dir.rmdir()
+            fcntl.flock(self.file, fcntl.LOCK_UN)
+            self.file.close()
+            self.file = None
+        return False
 
 
 def checkpoint_step(path: Path) -> int | None:

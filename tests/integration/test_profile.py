@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from tiny_runs import ENV, read_metrics, write_dataset
 
 from anyfit.cli import main
@@ -20,11 +21,11 @@ GOOD = ["train.effective_batch=8", "train.micro_batch=8", "train.packing=true", 
         "model.gradient_checkpointing=false"]
 
 
-def _profile(model_dir, tmp_path: Path, name: str, *extra: str) -> tuple[dict, Path]:
+def _profile(model_dir, tmp_path: Path, name: str, *extra: str, probe: bool = False) -> tuple[dict, Path]:
     data = write_dataset(tmp_path / "d.jsonl", n=32)
     out = tmp_path / name
     rc = main(["profile", f"model.name_or_path={model_dir}", f"data.path={data}", "data.template=plain",
-               "train.seed=0", *GOOD, *extra, "--steps", "2", "--out", str(out)])
+               "train.seed=0", *GOOD, *extra, "--steps", "2", "--out", str(out), "--probe" if probe else "--no-probe"])
     assert rc == 0
     return json.loads((out / "profile" / "profile.json").read_text()), out
 
@@ -75,6 +76,21 @@ def test_each_cpu_rule_fires_on_its_bad_config(tiny_llama_dir, tmp_path, capsys,
     assert key in advice, profile["advice"]
     printed = capsys.readouterr().out
     assert f"- {advice[key]['setting']}: " in printed and "expected:" in printed
+
+
+@pytest.mark.multirun
+def test_the_probe_measures_the_advice_untraced(tiny_llama_dir, tmp_path, capsys):
+    profile, out = _profile(tiny_llama_dir, tmp_path, "probed", "train.micro_batch=1", probe=True)
+    probe = profile["probe"]
+    assert probe["settings"] == [a["setting"] for a in profile["advice"] if a["factor"]] and probe["settings"]
+    assert probe["steps"] == 8  # --probe-steps, untraced
+    for name in ("profiled", "advised"):  # each a real run of its own, not traced
+        lines = read_metrics(out / "profile" / f"probe-{name}")
+        assert len(lines) == 8 and not (out / "profile" / f"probe-{name}" / "profile").exists()
+    assert probe["factor"] == pytest.approx(probe["advised_tokens_per_s"] / probe["profiled_tokens_per_s"])
+    advised = yaml.safe_load((out / "profile" / "probe-advised" / "config.yaml").read_text())
+    assert advised["train"]["micro_batch"] != 1  # the advice was applied to the probe
+    assert "measured with the advice:" in capsys.readouterr().out
 
 
 def test_profile_refuses_bad_steps_in_one_line(capsys):

@@ -36,7 +36,7 @@ from anyfit.model.loading import count_parameters, load_model, load_tokenizer
 from anyfit.model.shape import shape_from_config
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
 from anyfit.profiling.session import profiled
-from anyfit.runfolder import METRICS
+from anyfit.runfolder import METRICS, RunLock
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
 from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
@@ -120,12 +120,20 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
           save_final: bool = True) -> TrainResult:
     """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests;
     ``save_final=False`` skips writing the final model (a profiling run)."""
-    from accelerate.utils import set_seed
-
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
     check_optimizer(cfg.train.optimizer, policy.device)
     trackers = requested_trackers(cfg.train.report_to)
     accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"))
+    # one run per folder: the main process holds its lock until the run ends, so a second run started on the same
+    # folder stops at once instead of writing its checkpoints between this one's
+    with RunLock(Path(cfg.train.output_dir), enabled=accelerator.is_main_process):
+        return _train(cfg, policy, accelerator, trackers, echo, loss_fn, save_final)
+
+
+def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str], echo, loss_fn,
+           save_final: bool) -> TrainResult:
+    from accelerate.utils import set_seed
+
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
     resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir), warn=say)
