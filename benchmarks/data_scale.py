@@ -280,6 +280,7 @@ def measured_run(cmd: list[str], env: dict[str, str], log: Path, timeout: float,
     per_pid: dict[int, dict[str, Any]] = {}
     loads = []
     seen: dict[str, float] = {}
+    before = {name: (0, 0) for name in events}
     next_sample = 0.0
     timed_out = False
     while True:
@@ -308,6 +309,9 @@ def measured_run(cmd: list[str], env: dict[str, str], log: Path, timeout: float,
                 except psutil.Error:
                     pass
             peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+            for name in events:  # the tree's peak before each event (e.g. a run's set-up phase)
+                if name not in seen:
+                    before[name] = (max(before[name][0], rss), max(before[name][1], pss))
             loads.append(os.getloadavg()[0])
         if proc.poll() is not None:
             break
@@ -334,7 +338,10 @@ def measured_run(cmd: list[str], env: dict[str, str], log: Path, timeout: float,
                              "peak_rss_anon_gib": round(e.get("RssAnon", 0) / GIB, 3),
                              "peak_rss_file_gib": round(e.get("RssFile", 0) / GIB, 3)}
                             for pid, e in per_pid.items()],
-              "events_s": seen, "load_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2),
+              "events_s": seen,
+              "peak_tree_before_gib": {name: {"rss": round(r / GIB, 3), "pss": round(q / GIB, 3)}
+                                       for name, (r, q) in before.items() if name in seen},
+              "load_1m": {"start": round(load_start, 2), "end": round(os.getloadavg()[0], 2),
                                             "mean": round(float(np.mean(loads)), 2) if loads else None},
               "log": str(log)}
     if timed_out:

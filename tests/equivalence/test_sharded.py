@@ -95,6 +95,8 @@ def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharde
     for params, states in zip(held["parameters"], held["optimizer_states"]):
         assert abs(params - total / procs) <= 0.02 * total, (params, total)
         assert abs(states - 2 * total / procs) <= 0.04 * total, (states, total)
+    # the model was read once: process 0 read it, the others built it on the meta device and received shards
+    assert held["loaded_parameters"] == [total] + [0] * (procs - 1)
     # fp32 sums over a different split of the reductions: the same run to round-off
     assert _losses(out) == pytest.approx(_losses(unsharded), rel=2e-4)
     a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
@@ -114,6 +116,8 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     info = json.loads((out / "run_info.json").read_text())
     for params in info["held_per_process"]["parameters"]:
         assert abs(params - info["parameters"]["total"] / 2) <= 0.02 * info["parameters"]["total"]
+    # LoRA on an empty base: process 1 built base and adapters on the meta device, and received both
+    assert info["held_per_process"]["loaded_parameters"] == [info["parameters"]["total"], 0]
     assert sum("val_loss" in m for m in read_metrics(out)) == 2
     from peft import AutoPeftModelForCausalLM
 

@@ -196,6 +196,11 @@ class RuntimeConfig:
         "(printed with its reason). none: every process holds everything (DDP).")
     fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
                             "offload); slower, for models that do not fit in device memory even sharded.")
+    fsdp_reduce_every_micro_batch: bool = _f(
+        False, "With sharding and accumulation: reduce-scatter the gradients after every micro-batch, so each "
+        "process keeps only its 1/N shard of them through the window instead of an unsharded fp32 gradient of the "
+        "whole model until the window's last micro-batch. Costs one reduce-scatter per micro-batch instead of one "
+        "per window; 'anyfit plan' names it before CPU offload when memory is tight.")
     profile: int = _f(
         0, "Profile this many training steps with torch.profiler (after runtime.profile_warmup steps): a trace per "
         "process under OUTPUT/profile/ (Perfetto, TensorBoard), the step's time by phase, memory by kind beside "

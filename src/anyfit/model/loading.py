@@ -47,10 +47,11 @@ def ensure_pad_token(tokenizer, name: str):
     return tokenizer
 
 
-def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.Module:
-    """The causal LM in the policy's dtype, gradient checkpointing as configured, LoRA applied if enabled."""
-    from transformers import AutoModelForCausalLM
+def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, empty: bool = False) -> nn.Module:
+    """The causal LM in the policy's dtype, gradient checkpointing as configured, LoRA applied if enabled.
 
+    ``empty``: read no weights: the same architecture (LoRA included) with its parameters on the meta device,
+    for a process that receives its shards from the one that read them (``anyfit.training.sharding``)."""
     src = ModelSource.from_config(cfg.model)
     dtype = weight_dtype(cfg.model.dtype, cfg.lora.enabled or cfg.lora.qlora, policy.device, policy.precision)
     kwargs: dict = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)
@@ -71,20 +72,39 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0) -> nn.
             bnb_4bit_compute_dtype=policy.compute_dtype)
         kwargs["device_map"] = {"": device_index}
     try:
-        model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+        model = _instantiate(src, kwargs, empty)
     except ValueError:
         if cfg.model.attn_implementation != "auto" or attn != "anyfit_varlen":
             raise
         # an architecture without transformers' attention interface: its default attention, which still
         # keeps packed examples apart through position_ids (with a dense block mask)
         del kwargs["attn_implementation"]
-        model = AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+        model = _instantiate(src, kwargs, empty)
     if src.gguf_file:
         drop_gguf_quantizer(model)
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(model, cfg.model.checkpoint_every)
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
+    return model
+
+
+def _instantiate(src: ModelSource, kwargs: dict, empty: bool) -> nn.Module:
+    """``from_pretrained``, or with ``empty`` the architecture alone: built from the config under Accelerate's
+    ``init_empty_weights``, which puts every parameter on the meta device (no memory, nothing read) and keeps
+    buffers real, so buffers that are computed rather than saved (rotary frequencies) are right already."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not empty:
+        return AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
+    from accelerate import init_empty_weights
+
+    common = {k: kwargs[k] for k in ("trust_remote_code", "revision", "gguf_file") if k in kwargs}
+    config = AutoConfig.from_pretrained(src.path, **common)
+    built = {k: kwargs[k] for k in ("dtype", "attn_implementation", "trust_remote_code") if k in kwargs}
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, **built)
+    model.tie_weights()  # as from_pretrained does (from_config under init_empty_weights leaves them apart)
     return model
 
 

@@ -80,6 +80,7 @@ class TargetPlan:
                 "seq_len": s.seq_len, "gradient_checkpointing": s.gradient_checkpointing,
                 "checkpoint_every": s.checkpoint_every if s.gradient_checkpointing else None,
                 "optimizer": s.optimizer, "fsdp": s.fsdp, "fsdp_offload": s.offload,
+                "fsdp_reduce_every_micro_batch": s.reduces_every_micro_batch,
                 "config": config_overrides(s)},
             "memory": None if self.memory is None else self.memory.as_dict(),
             "step_time": None if self.time is None else self.time.as_dict(),
@@ -126,6 +127,7 @@ class _Option:
     sharding: str  # none | fsdp | offload
     processes: int
     tier: tuple[int, int]  # (method: 0 configured, 1 LoRA, 2 QLoRA; savers: 0 cheap, 1 CPU offload, 2 Adafactor)
+    reduce: bool = False  # sharded: reduce-scatter every micro-batch (runtime.fsdp_reduce_every_micro_batch)
 
 
 # The saver ladder, cheapest first. What costs speed least, on the targets anyfit plans for:
@@ -136,8 +138,11 @@ class _Option:
 #   1/2 with a frozen LoRA base, so there every layer costs ~50%).
 # - FSDP sharding: free in memory terms (1/N of everything), costs the all-gathers and reduce-scatter the compute
 #   cannot hide: little over NVLink, a lot over PCIe (8x L40S).
+# - with accumulation, a reduce-scatter after every micro-batch instead of one per window: no unsharded fp32
+#   gradient of the whole model through the window (4 bytes per parameter on every device), for one
+#   reduce-scatter per micro-batch (the time model counts them).
 # - CPU offload: all weights cross PCIe twice per micro-batch and the optimizer runs on the CPU: the slowest.
-# The first three keep the configured run's math (8-bit states almost) at a cost the time model can weigh, so
+# The first four keep the configured run's math (8-bit states almost) at a cost the time model can weigh, so
 # they form the first tier, and among its combinations that fit the planner takes the shortest *estimated* step
 # on this target: their costs are weighed with this machine's FLOPs, memory bandwidth and interconnect instead
 # of a fixed order (on NVLink sharding usually beats dense checkpointing; on PCIe dense checkpointing can beat
@@ -194,6 +199,7 @@ class _Planner:
         elif cfg.runtime.fsdp_offload:
             self.notes.append("runtime.fsdp_offload needs CUDA and sharding; planned without it")
         self.sharding_mode = sharding  # auto | none | fsdp | offload
+        self.reduce = cfg.runtime.fsdp_reduce_every_micro_batch  # configured: kept; else the ladder may add it
 
     def precision(self, method: str) -> str:
         precision, notes = _precision(self.cfg, self.target, qlora=method == "qlora")
@@ -217,7 +223,8 @@ class _Planner:
             if note not in self.notes:
                 self.notes.append(note)
             sharding = "none"
-        return _Option(self.method, self.ckpt, self.optimizer, sharding, processes or self.procs, (0, 0))
+        return _Option(self.method, self.ckpt, self.optimizer, sharding, processes or self.procs, (0, 0),
+                       self.reduce and sharding != "none")
 
     def options(self, method: str, rank: int, processes: int, shardings: tuple[str, ...] | None = None) -> list[_Option]:
         """The saver combinations for ``method`` (``rank``: 0 the configured method, 1 LoRA, 2 QLoRA), in ladder
@@ -252,8 +259,11 @@ class _Planner:
                   and not (sh == "offload" and optimizer in EIGHT_BIT)]
             return ok or ["none"]  # a configured sharding the loop would refuse: planned unsharded (and noted)
 
-        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt)))
-                for opt in optimizers for sh in allowed(opt) for k in unique]
+        def reduces(sharding: str) -> tuple[bool, ...]:
+            return (False,) if sharding == "none" else (True,) if self.reduce else (False, True)
+
+        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt)), red)
+                for opt in optimizers for sh in allowed(opt) for red in reduces(sh) for k in unique]
 
     def fit(self, option: _Option) -> tuple[Setup, MemoryEstimate] | None:
         """The largest micro-batch that fits ``option`` (the rule micro_batch=auto follows, with estimated
@@ -266,7 +276,7 @@ class _Planner:
         def setup(micro: int) -> Setup:
             return setup_for(cfg, method=method, device=self.target.device, precision=precision, micro_batch=micro,
                              processes=option.processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
-                             sharding=option.sharding)
+                             sharding=option.sharding, reduce_every=option.reduce)
 
         micro = choose_micro_batch(
             self.effective // option.processes, lambda m: estimate_memory(self.shape, setup(m), overhead_gib=self.overhead_gib).peak,
@@ -300,7 +310,8 @@ class _Planner:
         return option, setup, mem
 
 
-_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing")
+_REDUCE_EVERY = "reduce-scatter every micro-batch"
+_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY)
 
 
 def _verdict(setup: Setup, configured: _Option) -> str:
@@ -318,6 +329,8 @@ def _verdict(setup: Setup, configured: _Option) -> str:
             added.append(f"CPU offload (FSDP over {setup.processes} GPU{'s' if setup.processes > 1 else ''})")
         elif setup.fsdp:
             added.append(f"sharding over {setup.processes} GPUs")
+    if setup.reduces_every_micro_batch and not configured.reduce:
+        added.append(_REDUCE_EVERY)
     if setup.optimizer in EIGHT_BIT and configured.optimizer not in EIGHT_BIT:
         added.append(OPTIMIZER_NAMES[setup.optimizer])
     ckpt = setup.checkpoint_every if setup.gradient_checkpointing else 0
@@ -458,7 +471,7 @@ def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes
     except ConfigError as e:
         return False, f"the batch split is refused ({e})"
     p = _Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
-    p.host_budget = None  # every process loads the model either way: host RAM does not decide FSDP vs DDP
+    p.host_budget = None  # the device memory decides FSDP vs DDP here (sharded, the model is read only once)
     budget = f"{p.budget / GIB:.1f} GiB per {'process' if target.device == 'cpu' else 'device'}"
 
     def peak(option: _Option) -> tuple[int | None, int]:
@@ -470,7 +483,7 @@ def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes
         precision = p.precision(option.method)
         setup = setup_for(cfg, method=option.method, device=target.device, precision=precision, micro_batch=micro,
                           processes=processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
-                          sharding=option.sharding)
+                          sharding=option.sharding, reduce_every=option.reduce)
         return estimate_memory(shape, setup).peak, micro
 
     base = dataclasses.replace(p.configured(processes), sharding="none")
@@ -481,7 +494,7 @@ def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes
     blocked = p.blocker(p.method)
     if blocked:
         return False, f"the unsharded run does not fit ({need}, budget {budget}), but it cannot be sharded: {blocked}"
-    sharded, micro = peak(dataclasses.replace(base, sharding="fsdp"))
+    sharded, micro = peak(dataclasses.replace(base, sharding="fsdp", reduce=p.reduce))
     if sharded is not None and sharded <= p.budget:
         return True, (f"the unsharded run does not fit ({need}, budget {budget}); sharded over {processes}: "
                       f"{sharded / GIB:.1f} GiB at micro-batch {micro}")

@@ -38,7 +38,7 @@ class MemoryEstimate:
     eval_kv_cache: int = 0  # KV cache of evaluation generation (not part of the training peak)
     trainable_params: int = 0
     notes: tuple[str, ...] = ()
-    host: int = 0  # host RAM on the machine: every process's copy of the model at load, or CPU-offloaded state
+    host: int = 0  # host RAM on the machine: the model as read (once per process unsharded), or offloaded state
 
     @property
     def peak(self) -> int:
@@ -347,8 +347,12 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
         elif not setup.offload:
             accumulated = gradients
 
-    # --- host RAM: each process reads the whole model before moving or sharding it; offloaded state ---
-    host = 0 if setup.method == "qlora" else int(n * loaded)  # QLoRA loads straight onto the GPU
+    # --- host RAM: the model as read, before moving or sharding it; offloaded state ---
+    # Replicated, each process reads the whole model; sharded, only process 0 does, and the others receive their
+    # shards from it (anyfit.training.sharding.shard_model), under offload into host RAM while it still holds it.
+    host = int(n * loaded) if not setup.fsdp else int(loaded * (2 if setup.offload else 1))
+    if setup.method == "qlora":
+        host = 0  # QLoRA loads straight onto the GPU
     if setup.offload:
         offloaded = n * (weights + gradients + optimizer + step_temp)
         host = max(host, offloaded)

@@ -82,8 +82,9 @@ class Setup:
     optimizer: str = "adamw"  # train.optimizer: adamw | adamw_8bit | paged_adamw_8bit | adafactor
     checkpoint_every: int = 1  # model.checkpoint_every: with checkpointing, every N-th decoder layer recomputes
     offload: bool = False  # runtime.fsdp_offload: FSDP2 CPU offload of sharded weights, gradients and states
-    # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.sharding.gradient_sync): no
-    # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank.
+    # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.step.backward_window): no
+    # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank; off
+    # with runtime.fsdp_reduce_every_micro_batch (a reduce-scatter per micro-batch, only shards persist).
     fsdp_unsharded_accumulation: bool = True
 
     def __post_init__(self):
@@ -95,6 +96,11 @@ class Setup:
     @property
     def lora(self) -> bool:
         return self.method in ("lora", "qlora")
+
+    @property
+    def reduces_every_micro_batch(self) -> bool:
+        """runtime.fsdp_reduce_every_micro_batch where it changes anything: sharded, with accumulation."""
+        return self.fsdp and not self.fsdp_unsharded_accumulation and self.accumulation > 1
 
     @property
     def shards(self) -> int:
@@ -125,6 +131,8 @@ class Setup:
             out.append(f"CPU offload (FSDP over {self.processes})")
         elif self.fsdp:
             out.append(f"sharding over {self.processes}")
+        if self.reduces_every_micro_batch:
+            out.append("reduce-scatter every micro-batch")
         if self.optimizer != "adamw":
             out.append(OPTIMIZER_NAMES[self.optimizer])
         if self.gradient_checkpointing:
@@ -140,20 +148,25 @@ class Setup:
             parts.append("gradient checkpointing" + ("" if self.checkpoint_every == 1
                                                      else f" every {self.checkpoint_every} layers"))
         if self.fsdp:
-            parts.append(f"FSDP over {self.processes}" + (" with CPU offload" if self.offload else ""))
+            parts.append(f"FSDP over {self.processes}" + (" with CPU offload" if self.offload else "")
+                         + (", reduce-scatter every micro-batch" if self.reduces_every_micro_batch else ""))
         return ", ".join(parts)
 
 
 def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
-              checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none") -> Setup:
+              checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none",
+              reduce_every: bool | None = None) -> Setup:
     """``cfg`` run as ``method`` (full | lora | qlora) on ``device`` in ``precision``, at ``micro_batch`` per
     process over ``processes``: the one place config keys become the planner's ``Setup``.
 
-    ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's) and
-    ``sharding`` (none | fsdp | offload) are what the saver ladder varies. Weights are sized as model loading
-    loads them (the runtime policy's ``weight_dtype``); the accumulation keeps the effective batch."""
+    ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's),
+    ``sharding`` (none | fsdp | offload) and ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch; default:
+    the config's) are what the saver ladder varies. Weights are sized as model loading loads them (the runtime
+    policy's ``weight_dtype``); the accumulation keeps the effective batch."""
     if checkpoint_every is None:
         checkpoint_every = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
+    if reduce_every is None:
+        reduce_every = cfg.runtime.fsdp_reduce_every_micro_batch
     per_process = cfg.train.effective_batch // processes
     return Setup(method=method, device=device, precision=precision,
                  weight_bytes=weight_dtype(cfg.model.dtype, method != "full", device, precision).itemsize,
@@ -162,7 +175,8 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  processes=processes, fsdp=sharding != "none", offload=sharding == "offload",
                  optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
-                 padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens)
+                 padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
+                 fsdp_unsharded_accumulation=not reduce_every)
 
 
 def config_overrides(s: Setup) -> list[str]:
@@ -174,5 +188,8 @@ def config_overrides(s: Setup) -> list[str]:
     if s.gradient_checkpointing:
         out.append(f"model.checkpoint_every={s.checkpoint_every}")
     out += [f"train.optimizer={s.optimizer}", f"runtime.sharding={'fsdp' if s.fsdp else 'none'}",
-            f"runtime.fsdp_offload={str(s.offload).lower()}", f"train.micro_batch={s.micro_batch}"]
+            f"runtime.fsdp_offload={str(s.offload).lower()}"]
+    if s.reduces_every_micro_batch:
+        out.append("runtime.fsdp_reduce_every_micro_batch=true")
+    out.append(f"train.micro_batch={s.micro_batch}")
     return out

@@ -101,7 +101,7 @@ def halve_micro_batch(plan: BatchPlan, processes: int, error: BaseException) -> 
 
 
 def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step: int, loss_fn, device: str,
-                        echo=print) -> tuple[torch.Tensor, list[list[int]], int]:
+                        echo=print, reduce_every: bool = False) -> tuple[torch.Tensor, list[list[int]], int]:
     """``backward_window`` over the step's window; after an out-of-memory error the partial window is
     dropped and the step is redone whole with half the micro-batch. Returns (loss sum, example indices
     per micro-batch, window trainable tokens)."""
@@ -111,7 +111,8 @@ def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step:
         with record_function("anyfit.h2d"):
             batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
-            return backward_window(accelerator, model, batches, window_tokens, loss_fn), indices, window_tokens
+            loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn, reduce_every)
+            return loss_sum, indices, window_tokens
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
             if not is_oom(e):
                 raise

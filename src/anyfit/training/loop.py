@@ -100,6 +100,7 @@ class Run:
     steps: int
     start: int = 0
     skipped_before: int = 0
+    loaded: int = 0  # parameter elements this process read from the weights (none on the meta device)
     flops: ModelFlops | None = None  # model FLOPs of a window (for MFU; anyfit.profiling.flops)
     peak: DevicePeak | None = None  # one device's dense peak, what MFU is measured against
     save_final: bool = True  # False: `anyfit profile` (the steps are the product, not the model)
@@ -158,15 +159,22 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     steps = total_steps(cfg, sampler, say)
 
     # model and optimizer: sharded with FSDP2 (anyfit.training.sharding), or replicated by Accelerate (DDP)
-    model = load_model(cfg, policy, accelerator.local_process_index)
+    # sharded over several processes: only process 0 reads the weights, the others build the model empty and
+    # receive their shards from it (host RAM: one copy of the model on the machine, not one per process)
+    from_rank0 = sharded and accelerator.num_processes > 1
+    model = load_model(cfg, policy, accelerator.local_process_index,
+                       empty=from_rank0 and not accelerator.is_main_process)
     trainable, total = count_parameters(model)
+    loaded = sum(p.numel() for p in model.parameters() if not p.is_meta)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
     flops = ModelFlops.of(shape_from_config(model.config.get_text_config()),
                           trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
     peak = device_peak(policy.device, policy.precision)
     if sharded:
-        model = shard_model(model, policy.compute_dtype, offload, accelerator.device)
+        model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
+        say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
+            + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
     optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
     scheduler = build_scheduler(optimizer, cfg.train, steps)
     if not sharded:
@@ -180,7 +188,7 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
               StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
                          policy.pin_memory),
               InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps, flops=flops, peak=peak,
-              save_final=save_final)
+              save_final=save_final, loaded=loaded)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
         state = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)
@@ -237,7 +245,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
     with StopOnSignal() as stop, profiled(run, say) as profiler:  # runtime.profile: a no-op unless set
         for step in range(run.start, run.steps):
             loss_sum, indices, window_tokens = backward_with_retry(acc, model, optimizer, run.stream, step,
-                                                                   run.loss_fn, run.policy.device, say)
+                                                                   run.loss_fn, run.policy.device, say,
+                                                                   cfg.runtime.fsdp_reduce_every_micro_batch)
             with record_function("anyfit.optimizer"):
                 grad_norm = clip_gradients(acc, model, max_norm)
                 finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision), on_device)
@@ -274,7 +283,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
     bar.close()
     guard.flush()
     result.skipped_steps = guard.skipped
-    record_held_per_process(run.out, acc, model, optimizer)
+    record_held_per_process(run.out, acc, model, optimizer, run.loaded)
     if guard.skipped:
         say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")
     if result.interrupted:

@@ -62,13 +62,15 @@ def describe_run(policy, sharding: str, plan, steps: int, report, trainable: int
             "parameters": {"trainable": trainable, "total": total}}
 
 
-def record_held_per_process(out: Path, accelerator, model, optimizer) -> dict[str, list[int]]:
+def record_held_per_process(out: Path, accelerator, model, optimizer, loaded: int) -> dict[str, list[int]]:
     """Add to ``run_info.json`` how many parameter and optimizer-state elements each process holds (collective:
-    every process calls it). Sharded, each holds about 1/N; replicated, each holds everything."""
+    every process calls it), and how many parameter elements it read from the weights (``loaded``). Sharded,
+    each holds about 1/N and only process 0 read the model; replicated, each holds and read everything."""
     states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim > 0]
-    mine = torch.tensor([local_numel(model.parameters()), local_numel(states)], device=accelerator.device)
+    mine = torch.tensor([local_numel(model.parameters()), local_numel(states), loaded], device=accelerator.device)
     every = accelerator.gather(mine.unsqueeze(0)).tolist()
-    held = {"parameters": [row[0] for row in every], "optimizer_states": [row[1] for row in every]}
+    held = {"parameters": [row[0] for row in every], "optimizer_states": [row[1] for row in every],
+            "loaded_parameters": [row[2] for row in every]}
     if accelerator.is_main_process:
         write_run_info(out, {**read_run_info(out), "held_per_process": held})
     return held

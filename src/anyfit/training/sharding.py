@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from anyfit.config import Config, ConfigError
+from anyfit.hardware.memory import keep_host_heap_small, release_cached
 from anyfit.hardware.runtime import sharding_refusal
 from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
@@ -53,8 +54,9 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
     """(shard, offload to host RAM, the reason printed with it)."""
     mode = cfg.runtime.sharding
     if mode == "none":
-        if cfg.runtime.fsdp_offload:
-            raise ConfigError("runtime.fsdp_offload=true needs sharding: set runtime.sharding=fsdp (or auto).")
+        for key in ("fsdp_offload", "fsdp_reduce_every_micro_batch"):
+            if getattr(cfg.runtime, key):
+                raise ConfigError(f"runtime.{key}=true needs sharding: set runtime.sharding=fsdp (or auto).")
         return False, False, "sharding none: asked for in the config"
     if mode == "auto" and not cfg.runtime.fsdp_offload:
         if processes == 1:
@@ -72,16 +74,33 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
     offload = cfg.runtime.fsdp_offload and device != "cpu"
     if cfg.runtime.fsdp_offload and not offload:
         reason += " (offload has nothing to move on cpu: the weights are in host RAM already)"
+    if cfg.runtime.fsdp_reduce_every_micro_batch:
+        reason += "; gradients reduce-scattered after every micro-batch (runtime.fsdp_reduce_every_micro_batch)"
     return True, offload, reason
 
 
-def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, device: torch.device) -> nn.Module:
+def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, device: torch.device,
+                from_rank0: bool = False) -> nn.Module:
     """FSDP2 full sharding, one unit per decoder layer plus the root. Under bf16 the gathered weights are cast
     to bf16 for compute while gradients are reduced and weights updated in fp32 (FSDP2's mixed precision,
-    which replaces autocast here); offload keeps parameters and optimizer states in host RAM."""
+    which replaces autocast here); offload keeps parameters and optimizer states in host RAM.
+
+    ``from_rank0`` (collective): only process 0 has read the weights (the others built ``load_model(...,
+    empty=True)``); every process shards the empty model and receives its slices from process 0 (see
+    ``_receive_from_rank0``), so no other process ever holds the whole model.
+
+    Where the sharded state lives in host RAM (CPU processes, or offload), the C library is told to return
+    freed tensors' memory at once (``keep_host_heap_small``): several processes share that RAM, and each
+    otherwise keeps about a model's worth of freed gathers and gradients."""
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
-    if not offload:
+    if device.type == "cpu" or offload:
+        keep_host_heap_small()
+
+    full: dict[str, torch.Tensor] = {}
+    if from_rank0:
+        full, buffers = _empty_out(model)
+    elif not offload:
         model.to(device)
     mixed = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32) \
         if compute_dtype != torch.float32 else MixedPrecisionPolicy()
@@ -89,7 +108,58 @@ def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, dev
     for layer in decoder_layers(model):
         fully_shard(layer, **policy)
     fully_shard(model, **policy)
+    if from_rank0:
+        _receive_from_rank0(model, full, buffers, torch.device("cpu") if offload else device)
     return model
+
+
+def _empty_out(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[tuple[nn.Module, str, torch.Tensor]]]:
+    """Move every weight to the meta device before ``fully_shard`` (which then shards shapes, not data), keeping
+    what must survive: on process 0 the weights read (a state dict of the very tensors, no copy), on every
+    process the buffers that no state dict holds (rotary frequencies: computed at build time, real on the
+    processes that built an empty model too)."""
+    import torch.distributed as dist
+
+    full = model.state_dict() if dist.get_rank() == 0 else {}
+    buffers = [(module, name, buf) for module in model.modules() for name, buf in module._buffers.items()
+               if buf is not None and name in module._non_persistent_buffers_set]
+    tied = _shared_parameters(model)
+    model.to("meta")
+    _tie(model, tied)  # to() gives each module its own new parameter: tied embeddings would come apart
+    return full, buffers
+
+
+def _receive_from_rank0(model: nn.Module, full: dict[str, torch.Tensor],
+                        buffers: list[tuple[nn.Module, str, torch.Tensor]], device: torch.device) -> None:
+    """Give the sharded, empty model its storage, then its weights: PyTorch's ``set_model_state_dict`` with
+    ``broadcast_from_rank0`` sends process 0's full state dict one tensor at a time and each process keeps
+    its slice (what torchtitan and Accelerate's ``cpu_ram_efficient_loading`` do; Accelerate hand-writes the
+    same loop for older torch). The computed buffers are put back afterwards (``to_empty`` left them empty)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    full.clear()  # process 0's full weights go now, not when the caller's frame ends
+    for module, name, buf in buffers:
+        module.register_buffer(name, buf.to(device), persistent=False)
+    release_cached(device.type)  # the broadcast's whole-tensor buffers (and process 0's model) were freed
+
+
+def _tie(model: nn.Module, shared: list[list[str]]) -> None:
+    """Make every name of each group refer to the first name's parameter again."""
+    for names in shared:
+        param = model.get_parameter(names[0])
+        for name in names[1:]:
+            owner, _, leaf = name.rpartition(".")
+            setattr(model.get_submodule(owner), leaf, param)
+
+
+def _shared_parameters(model: nn.Module) -> list[list[str]]:
+    """The names of each parameter that is reachable under more than one name (tied embeddings)."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [shared for shared in names.values() if len(shared) > 1]
 
 
 @contextlib.contextmanager
@@ -125,10 +195,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # Gathered, tied weights (an output head sharing the embedding) come back as separate tensors; keep the
     # first name of each shared parameter so the folder is the one save_pretrained writes unsharded.
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    for shared in names.values():
+    for shared in _shared_parameters(model):
         for name in shared[1:]:
             state.pop(name, None)
     return state

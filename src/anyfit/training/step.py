@@ -8,23 +8,28 @@ import torch
 from torch.profiler import record_function
 
 from anyfit.training.loss import token_loss_sum
-from anyfit.training.sharding import gradient_sync
+from anyfit.training.sharding import gradient_sync, is_sharded
 
 
 def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tensor]], window_tokens: int,
-                    loss_fn=token_loss_sum) -> torch.Tensor:
+                    loss_fn=token_loss_sum, reduce_every: bool = False) -> torch.Tensor:
     """Forward and backward over one accumulation window; returns this process's summed token loss (detached).
 
     Each micro-batch's summed loss is divided by the trainable tokens of the *global* window and
     multiplied by the process count (DDP averages gradients over processes), so the accumulated gradient
     is d(mean token loss over the window) whatever the split into micro-batches and processes (FSDP's
     reduce-scatter averages over processes as DDP's all-reduce does).
+
+    ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch; sharded models only): reduce-scatter after every
+    micro-batch, FSDP2 adding each reduced shard into the sharded gradient, so no unsharded gradient outlives
+    its micro-batch. The sum is the same up to fp32 round-off (the mean over processes is linear).
     """
     scale = accelerator.num_processes / max(1, window_tokens)
     total = torch.zeros((), device=accelerator.device)
+    every = reduce_every and is_sharded(model)  # replicated (DDP) gradients are whole either way: no saving
     for i, batch in enumerate(micro_batches):
         # Reduce gradients on the last micro-step only: before it they just accumulate locally.
-        with gradient_sync(accelerator, model, sync=i == len(micro_batches) - 1):
+        with gradient_sync(accelerator, model, sync=every or i == len(micro_batches) - 1):
             with record_function("anyfit.forward"):  # the phases anyfit.profiling reads from a trace
                 loss_sum = loss_fn(model, batch)
             with record_function("anyfit.backward"):

@@ -96,3 +96,21 @@ def test_a_base_is_described_by_where_it_came_from_not_by_a_local_path(tmp_path,
     assert describe_base(ModelConfig(name_or_path=str(converted))).startswith("the GGUF file `SmolLM2.Q4_1.gguf`")
     assert describe_base(ModelConfig(name_or_path=str(tiny_llama_dir))) == \
         f"a local model folder `{tiny_llama_dir.name}`"
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_an_empty_model_reads_no_weights_and_has_the_loaded_ones_shape(tiny_llama_dir, lora):
+    """``empty=True`` (a sharded run's processes other than 0): every parameter on the meta device, the same
+    names, shapes, dtypes and trainable flags as the loaded model, embeddings still tied, and the buffers that no
+    state dict holds (rotary frequencies) real and equal, since nothing will send them."""
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", f"lora.enabled={str(lora).lower()}"])
+    policy = resolve_runtime(cfg.runtime)
+    loaded, empty = load_model(cfg, policy), load_model(cfg, policy, empty=True)
+    assert all(p.is_meta for p in empty.parameters())
+    shape = {n: (p.shape, p.dtype, p.requires_grad) for n, p in loaded.named_parameters(remove_duplicate=False)}
+    assert {n: (p.shape, p.dtype, p.requires_grad) for n, p in empty.named_parameters(remove_duplicate=False)} == shape
+    assert empty.get_output_embeddings().weight is empty.get_input_embeddings().weight
+    buffers = dict(loaded.named_buffers())
+    assert buffers and dict(empty.named_buffers()).keys() == buffers.keys()
+    for name, buf in empty.named_buffers():
+        assert not buf.is_meta and torch.equal(buf, buffers[name]), name

@@ -473,11 +473,13 @@ def test_cpu_offload_moves_weights_gradients_and_states_to_host_ram():
     assert (off.weights, off.gradients, off.optimizer) == (0, 0, 0)
     assert off.host == n * (4 + 4 + 8)  # fp32 weights, gradients and AdamW states of the whole model
     assert off.peak < estimate_memory(shape, seven_b_setup(processes=1, fsdp=True)).peak
-    # 8 ranks hold 1/8 each: the same 16 bytes per parameter on the machine; but first every process reads the
-    # whole fp32 model into host RAM (before fully_shard), which is more.
+    # 8 ranks hold 1/8 each: the same 16 bytes per parameter on the machine. The model is read once, by process
+    # 0 (the others receive their shards): 4 bytes per parameter sharded, 8 with offload (process 0's copy and
+    # the host-RAM shards being filled), where replicated processes would each read their own.
     eight = estimate_memory(shape, seven_b_setup(processes=8, fsdp=True, offload=True))
-    assert eight.host == 8 * n * 4 and any(f"({n * 16 / GIB:.1f} GiB on the machine)" in x for x in eight.notes)
-    assert estimate_memory(shape, seven_b_setup(processes=8, fsdp=True)).host == 8 * n * 4
+    assert eight.host == n * 16 and any(f"({n * 16 / GIB:.1f} GiB on the machine)" in x for x in eight.notes)
+    assert estimate_memory(shape, seven_b_setup(processes=8, fsdp=True)).host == n * 4
+    assert estimate_memory(shape, seven_b_setup(processes=8)).host == 8 * n * 4  # DDP: one read per process
     with pytest.raises(ValueError, match="fsdp"):
         seven_b_setup(offload=True)
 
@@ -515,9 +517,21 @@ def test_7b_full_fine_tune_on_8_a100_40gb_needs_sharding():
     assert p.setup.method == "full" and p.setup.fsdp and not p.setup.offload and p.setup.processes == 8
     assert p.memory.peak <= p.budget_bytes and "sharding over 8" in p.savers[0]
     # With accumulation the loop keeps unsharded fp32 gradients until the window's last micro-batch (one
-    # reduce-scatter per window): 4 bytes per parameter on every GPU, which the plan pays with CPU offload.
-    p = plan_target(seven_b_config("train.effective_batch=32"), shape_from_config(llama2_7b()), node)
-    assert p.setup.fsdp and p.setup.accumulation > 1 and p.setup.offload, p.verdict
+    # reduce-scatter per window): 4 bytes per parameter on every GPU. A reduce-scatter after every micro-batch
+    # drops them, and that fits: chosen before CPU offload (which the plan needed before the knob existed).
+    cfg = seven_b_config("train.effective_batch=32")
+    p = plan_target(cfg, shape_from_config(llama2_7b()), node)
+    assert p.setup.fsdp and p.setup.accumulation > 1 and not p.setup.offload, p.verdict
+    assert p.setup.reduces_every_micro_batch and "reduce-scatter every micro-batch" in p.verdict, p.verdict
+    assert "runtime.fsdp_reduce_every_micro_batch=true" in p.as_dict()["setup"]["config"]
+    # it is what makes the difference: the same run with one reduce-scatter per window does not fit without offload
+    window = estimate_memory(shape_from_config(llama2_7b()),
+                             dataclasses.replace(p.setup, fsdp_unsharded_accumulation=True))
+    assert p.memory.peak <= p.budget_bytes < window.peak
+    # configured, it is kept and the plan fits as configured
+    kept = plan_target(seven_b_config("train.effective_batch=32", "runtime.sharding=fsdp",
+                                      "runtime.fsdp_reduce_every_micro_batch=true"), shape_from_config(llama2_7b()), node)
+    assert kept.setup.reduces_every_micro_batch and not kept.setup.offload and "reduce-scatter" not in kept.verdict
 
 
 def test_7b_on_one_gpu_offload_fits_the_device_but_needs_host_ram():
