@@ -35,6 +35,11 @@ FINAL_MODEL_FILES = ("config.json", "adapter_config.json")  # either marks a fin
 LOCK = ".anyfit-run.lock"
 
 
+class NotWritten(Exception):
+    """A checkpoint or the final model could not be written (a full disk, a quota): one line for the user,
+    saying what was lost and what is intact (``anyfit.training.storage``)."""
+
+
 class RunLock:
     """Held by the process that writes a run folder for as long as its run goes on, so that a second run on the
     same folder is refused at once. An ``flock``: the kernel releases it when the holding process ends, however

@@ -1,13 +1,20 @@
-"""Faults that lose nothing, made for real: a second run on a live run's folder, a killed run's leftover lock."""
+"""Faults that lose nothing, made for real: a second run on a live run's folder, a killed run's leftover lock, a
+full disk (a real small tmpfs where one can be mounted) and writes that fail part-way (a file-size limit)."""
 
 from __future__ import annotations
 
+import os
+import resource
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
-from tiny_runs import STEPS, metric_steps, resume_config, start_train, wait_for
+from tiny_runs import ENV, STEPS, metric_steps, resume_config, start_train, wait_for
 
 from anyfit.runfolder import LOCK
+from anyfit.training.integrity import checkpoint_problem
 
 
 @pytest.mark.multirun
@@ -34,3 +41,82 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_bl
     done = start_train(cfg, out, "train.overwrite=true", "train.save_every=0")
     assert done.wait(timeout=300) == 0, done.stderr.read()[-2000:]
     assert metric_steps(out) == list(range(1, STEPS + 1))
+
+
+def _file_size_limit(limit: int):
+    """In the child: files can grow to ``limit`` bytes, then a write fails with EFBIG (SIGXFSZ ignored), as a
+    full disk's ENOSPC fails it: the same writers, the same error paths, no root needed."""
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    return apply
+
+
+def _small_filesystem(path: Path, size: int) -> bool:
+    """A real tmpfs of ``size`` bytes at ``path`` (needs root: False where it cannot be mounted)."""
+    path.mkdir()
+    if os.geteuid() != 0:
+        return False
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture(scope="module")
+def sizes(tiny_llama_dir, tmp_path_factory):
+    """A checkpoint's and the final model's sizes on disk, from a run with room to spare."""
+    tmp = tmp_path_factory.mktemp("sizes")
+    cfg = resume_config(tmp, tiny_llama_dir, lora=False)
+    run = start_train(cfg, tmp / "run", "train.max_steps=3")
+    assert run.wait(timeout=300) == 0, run.stderr.read()[-2000:]
+    ckpt = tmp / "run" / "checkpoint-2"
+    return {"cfg": cfg, "checkpoint": sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()),
+            "weights": (ckpt / "model.safetensors").stat().st_size, "optimizer": (ckpt / "optimizer.pt").stat().st_size}
+
+
+def _train_with(cfg: Path, out: Path, steps: int, preexec=None) -> subprocess.CompletedProcess:
+    """``steps`` steps with a checkpoint every 2 (none at the end: the final model is written instead)."""
+    return subprocess.run([sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}",
+                           f"train.max_steps={steps}"], env=ENV, capture_output=True, text=True, preexec_fn=preexec,
+                          timeout=300)
+
+
+@pytest.mark.multirun
+def test_a_full_disk_skips_a_checkpoint_in_one_line_and_keeps_the_earlier_one(sizes, tmp_path):
+    mount = tmp_path / "small"
+    # room for one checkpoint and the final model, not for a second checkpoint beside them
+    if not _small_filesystem(mount, sizes["checkpoint"] + sizes["weights"] + sizes["checkpoint"] // 2):
+        pytest.skip("no small file system can be mounted here (not root): the write-failure cases still run")
+    try:
+        out = mount / "run"
+        done = _train_with(sizes["cfg"], out, 6)
+        assert done.returncode == 0, done.stderr[-2000:]
+        warning = [line for line in done.stdout.splitlines() if "[anyfit] warning: checkpoint-4" in line]
+        assert len(warning) == 1 and f"checkpoint-4 was not written to {out}: no room: it needs about" in warning[0]
+        assert "checkpoint-2, is intact" in warning[0] and "Traceback" not in done.stderr
+        assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2"]
+        assert checkpoint_problem(out / "checkpoint-2", full=True) is None  # what a resume checks, every byte
+        assert (out / "model.safetensors").is_file()  # the run went on to its end
+    finally:
+        subprocess.run(["umount", str(mount)], capture_output=True)
+
+
+@pytest.mark.multirun
+@pytest.mark.parametrize("limit", ["between", "below"])
+def test_a_write_that_fails_midway_is_one_line_and_leaves_nothing_half_written(limit, sizes, tmp_path):
+    weights, optimizer = sizes["weights"], sizes["optimizer"]
+    assert weights < optimizer  # AdamW: two fp32 states per weight
+    cap = (weights + optimizer) // 2 if limit == "between" else weights // 2
+    out = tmp_path / "run"
+    done = _train_with(sizes["cfg"], out, 4, _file_size_limit(cap))
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not list(out.glob(".tmp-checkpoint-*"))
+    warnings = [line for line in done.stdout.splitlines() if "[anyfit] warning: checkpoint-" in line]
+    assert len(warnings) == 1 and "was not written" in warnings[0] and "writing failed (" in warnings[0]
+    assert "no earlier checkpoint exists" in warnings[0]
+    if limit == "between":  # the optimizer state does not fit, the final model does: the run ends well
+        assert done.returncode == 0 and (out / "model.safetensors").is_file()
+    else:  # nothing fits: the final model is the one loss, said in one line, exit 1
+        assert done.returncode == 1
+        line = done.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"anyfit: error: the final model was not written to {out}: writing failed (")
+        assert not (out / "model.safetensors").exists() and (out / "metrics.jsonl").is_file()

@@ -18,6 +18,7 @@ from anyfit.cli import generation, machine, outputs, profile, render, setup, tra
 from anyfit.cli.common import version
 from anyfit.config import ConfigError, help_text
 from anyfit.data.sources import DataError
+from anyfit.runfolder import NotWritten
 
 # In the order `anyfit --help` lists them.
 COMMANDS = (train, profile, machine, render, setup, generation, outputs)
@@ -50,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, DataError) as e:
         print(f"anyfit: error: {e}", file=sys.stderr)
         return 2
+    except NotWritten as e:  # a full disk: what was lost and what is intact, in one line
+        print(f"anyfit: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt as e:  # Ctrl-C outside the training steps (which stop cleanly on their own)
         print(f"anyfit: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130

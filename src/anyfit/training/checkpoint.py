@@ -31,6 +31,15 @@ from anyfit.runfolder import (
 )
 from anyfit.training.integrity import STATE, checkpoint_problem, write_manifest
 from anyfit.training.sharding import full_state_dict, is_sharded, load_sharded, save_sharded
+from anyfit.training.storage import (
+    agreed,
+    bytes_to_write,
+    is_write_error,
+    not_written,
+    remove_partial,
+    room_problem,
+    write_failure,
+)
 
 
 def rng_state() -> dict[str, Any]:
@@ -59,12 +68,47 @@ def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, model, optimizer, scheduler, tokenizer,
                     config_yaml: str, trainer_state: dict[str, Any], keep_last: int, model_cfg=None) -> Path:
+    """Write ``checkpoint-<step>`` (collective). Raises ``NotWritten`` on every process alike when the disk has no
+    room for it or a write fails: the temporary folder is removed, earlier checkpoints are untouched."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = output_dir / f"{TMP_CHECKPOINT_PREFIX}{step}"
+    need = bytes_to_write(model, optimizer)
+    problem = None
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
+        problem = room_problem(output_dir, need)
+    problem = agreed(accelerator, problem)
+    if problem is None:
+        problem = agreed(accelerator, _attempt(lambda: _write_checkpoint(
+            accelerator, tmp, model, optimizer, scheduler, tokenizer, config_yaml, model_cfg), output_dir, need))
+    if problem is None and accelerator.is_main_process:
+        problem = _attempt(lambda: _finish_checkpoint(tmp, final, {**trainer_state, "step": step}), output_dir, need)
+    problem = agreed(accelerator, problem)
+    if problem is not None:
+        if accelerator.is_main_process:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise not_written(final.name, output_dir, problem)
+    if accelerator.is_main_process:
+        prune(output_dir, keep_last)
     accelerator.wait_for_everyone()
+    return final
+
+
+def _attempt(write, folder: Path, need: int) -> str | None:
+    """Run ``write``; a disk's failure becomes its one-line description (None: written)."""
+    try:
+        write()
+    except BaseException as error:
+        if not is_write_error(error):
+            raise
+        return write_failure(error, folder, need)
+    return None
+
+
+def _write_checkpoint(accelerator, tmp: Path, model, optimizer, scheduler, tokenizer, config_yaml: str,
+                      model_cfg) -> None:
+    """Every file of a checkpoint but its state and manifest, into ``tmp`` (collective)."""
     sharded = is_sharded(model)
     if sharded:  # every process writes its own shards of the weights and the optimizer states
         save_sharded(model, optimizer, tmp)
@@ -79,17 +123,28 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, model, optimizer, 
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
         (tmp / RUN_CONFIG).write_text(config_yaml)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / STATE).write_text(json.dumps({**trainer_state, "step": step}, indent=2))
-        # The manifest is written last (every process's files are in by now), then the folder is renamed.
-        write_manifest(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        tmp.rename(final)
-        prune(output_dir, keep_last)
-    accelerator.wait_for_everyone()
-    return final
+
+
+def _finish_checkpoint(tmp: Path, final: Path, state: dict[str, Any]) -> None:
+    """Main process, once every process's files are in: the state, the manifest last, then the rename."""
+    (tmp / STATE).write_text(json.dumps(state, indent=2))
+    write_manifest(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+
+
+def save_final_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> None:
+    """The final model into the run folder (collective); ``NotWritten`` when it cannot be, with its partly
+    written files removed (the checkpoints stay)."""
+    before = set(directory.iterdir()) if accelerator.is_main_process else set()
+    problem = _attempt(lambda: save_model(accelerator, model, tokenizer, directory, model_cfg), directory,
+                       bytes_to_write(model, optimizer=None))
+    problem = agreed(accelerator, problem)
+    if problem is not None:
+        if accelerator.is_main_process:
+            remove_partial([p for p in directory.iterdir() if p not in before])
+        raise not_written("the final model", directory, problem)
 
 
 def prune(output_dir: Path, keep_last: int) -> None:

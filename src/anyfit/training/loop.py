@@ -37,9 +37,9 @@ from anyfit.model.shape import shape_from_config
 from anyfit.model.source import ModelSource
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
 from anyfit.profiling.session import profiled
-from anyfit.runfolder import METRICS, RunLock
+from anyfit.runfolder import METRICS, NotWritten, RunLock
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
-from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_model
+from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_final_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
 from anyfit.training.integrity import complete_checkpoints, resolve_resume
 from anyfit.training.interruption import StopOnSignal
@@ -232,12 +232,19 @@ def run_steps(run: Run, say=print) -> TrainResult:
             result.evals.append(record)
             say(f"[anyfit] eval at step {done}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
 
-    def checkpoint(done: int) -> Path:
+    def checkpoint(done: int, must: bool = False) -> Path | None:
         guard.flush()  # the count of skipped steps is part of the checkpoint
         state = {"epoch": (done - 1) // steps_per_epoch, "total_steps": run.steps,
                  "skipped_steps": guard.skipped}
-        return save_checkpoint(acc, run.out, done, model, optimizer, run.scheduler, run.tokenizer, cfg.to_yaml(),
-                               state, cfg.train.keep_last, cfg.model)
+        try:
+            return save_checkpoint(acc, run.out, done, model, optimizer, run.scheduler, run.tokenizer,
+                                   cfg.to_yaml(), state, cfg.train.keep_last, cfg.model)
+        except NotWritten as e:
+            if must:  # a stop's checkpoint: without it the steps since the last one are lost, and the run ends
+                raise
+            say(f"[anyfit] warning: {e} Training goes on; make room before the next checkpoint (step "
+                f"{done + cfg.train.save_every}) or the end, or the steps since the last one are lost.")
+            return None
 
     if run.start == 0:
         evaluate(0)
@@ -287,11 +294,11 @@ def run_steps(run: Run, say=print) -> TrainResult:
     if guard.skipped:
         say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")
     if result.interrupted:
-        path = checkpoint(done)
+        path = checkpoint(done, must=True)
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
     elif run.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
-        save_model(acc, model, run.tokenizer, run.out, cfg.model)
+        save_final_model(acc, model, run.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
     if acc.is_main_process and result.losses + result.evals:
