@@ -207,8 +207,10 @@ def measure_matmul_tflops(device: str = "cpu", dtype: str = "fp32", seconds: flo
     import torch
 
     torch_dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
-    a = torch.randn(n, n, device=device, dtype=torch_dtype)
-    b = torch.randn(n, n, device=device, dtype=torch_dtype)
+    # Constant operands: a dense matmul's time does not depend on the values, and drawing random ones would
+    # advance the global RNG a training run is seeded with (LoRA dropout masks, data order), changing its losses.
+    a = torch.full((n, n), 1.0 / n, device=device, dtype=torch_dtype)
+    b = torch.full((n, n), 1.0 / n, device=device, dtype=torch_dtype)
     sync = torch.mps.synchronize if device == "mps" else (lambda: None)
     a @ b  # warm up the BLAS threads (or the Metal kernels)
     sync()
