@@ -25,7 +25,7 @@ def _profile(model_dir, tmp_path: Path, name: str, *extra: str, probe: bool = Fa
     data = write_dataset(tmp_path / "d.jsonl", n=32)
     out = tmp_path / name
     rc = main(["profile", f"model.name_or_path={model_dir}", f"data.path={data}", "data.template=plain",
-               "train.seed=0", *GOOD, *extra, "--steps", "2", "--out", str(out), "--probe" if probe else "--no-probe"])
+               "train.seed=0", *GOOD, *extra, "--steps", "2", "--out", str(out), *(["--probe-steps", "3"] if probe else ["--no-probe"])])
     assert rc == 0
     return json.loads((out / "profile" / "profile.json").read_text()), out
 
@@ -71,26 +71,28 @@ def test_a_good_config_gets_no_advice(good):
     (["train.loss_chunk_tokens=0"], "train.loss_chunk_tokens"),  # fp32 logits over the 151k vocabulary at once
 ])
 def test_each_cpu_rule_fires_on_its_bad_config(tiny_llama_dir, tmp_path, capsys, bad, key):
-    profile, _ = _profile(tiny_llama_dir, tmp_path, "bad", *bad)
+    probe = key == "train.micro_batch"  # one case also probes its speed advice (two more real runs)
+    profile, out = _profile(tiny_llama_dir, tmp_path, "bad", *bad, probe=probe)
     advice = {a["key"]: a for a in profile["advice"]}
     assert key in advice, profile["advice"]
     printed = capsys.readouterr().out
     assert f"- {advice[key]['setting']}: " in printed and "expected:" in printed
+    if probe:
+        _check_the_probe(profile, out, printed)
 
 
-@pytest.mark.multirun
-def test_the_probe_measures_the_advice_untraced(tiny_llama_dir, tmp_path, capsys):
-    profile, out = _profile(tiny_llama_dir, tmp_path, "probed", "train.micro_batch=1", probe=True)
+def _check_the_probe(profile: dict, out: Path, printed: str) -> None:
+    """The profiled and the advised config each trained --probe-steps steps, untraced, in runs of their own."""
     probe = profile["probe"]
     assert probe["settings"] == [a["setting"] for a in profile["advice"] if a["factor"]] and probe["settings"]
-    assert probe["steps"] == 8  # --probe-steps, untraced
-    for name in ("profiled", "advised"):  # each a real run of its own, not traced
-        lines = read_metrics(out / "profile" / f"probe-{name}")
-        assert len(lines) == 8 and not (out / "profile" / f"probe-{name}" / "profile").exists()
+    assert probe["steps"] == 3
+    for name in ("profiled", "advised"):
+        assert len(read_metrics(out / "profile" / f"probe-{name}")) == 3
+        assert not (out / "profile" / f"probe-{name}" / "profile").exists()
     assert probe["factor"] == pytest.approx(probe["advised_tokens_per_s"] / probe["profiled_tokens_per_s"])
     advised = yaml.safe_load((out / "profile" / "probe-advised" / "config.yaml").read_text())
     assert advised["train"]["micro_batch"] != 1  # the advice was applied to the probe
-    assert "measured with the advice:" in capsys.readouterr().out
+    assert "measured with the advice:" in printed
 
 
 def test_profile_refuses_bad_steps_in_one_line(capsys):
