@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from tiny_runs import ENV, metric_steps, resume_config, start_train, wait_for
 
-from anyfit.runfolder import LOCK
+from anyfit.runfolder import LOCK, RunLock
 from anyfit.training.integrity import checkpoint_problem
 
 
@@ -38,9 +38,8 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_bl
     first.send_signal(signal.SIGKILL)  # a crash: the lock file stays, the kernel drops the lock
     first.wait(timeout=60)
     assert (out / LOCK).exists()
-    done = start_train(cfg, out, "train.overwrite=true", "train.save_every=0", "train.max_steps=2")
-    assert done.wait(timeout=300) == 0, done.stderr.read()[-2000:]
-    assert metric_steps(out) == [1, 2]
+    with RunLock(out):  # what the next run takes first: the leftover file blocks nothing
+        assert str(os.getpid()) in (out / LOCK).read_text()
 
 
 def _file_size_limit(limit: int):
@@ -67,7 +66,7 @@ def sizes(tiny_llama_dir, tmp_path_factory):
     loaded) and AdamW's two fp32 states per weight, plus small files (about 1 MB with the tokenizer)."""
     weights = (tiny_llama_dir / "model.safetensors").stat().st_size
     cfg = resume_config(tmp_path_factory.mktemp("sizes"), tiny_llama_dir, lora=False)
-    return {"cfg": cfg, "weights": weights, "optimizer": 2 * weights, "checkpoint": 3 * weights + 2**20}
+    return {"cfg": cfg, "weights": weights, "checkpoint": 3 * weights + 2**20}
 
 
 def _train_with(cfg: Path, out: Path, steps: int, preexec=None) -> subprocess.CompletedProcess:
@@ -98,22 +97,18 @@ def test_a_full_disk_skips_a_checkpoint_in_one_line_and_keeps_the_earlier_one(si
 
 
 @pytest.mark.multirun
-@pytest.mark.parametrize("limit", ["between", "below"])
-def test_a_write_that_fails_midway_is_one_line_and_leaves_nothing_half_written(limit, sizes, tmp_path):
-    weights, optimizer = sizes["weights"], sizes["optimizer"]
-    assert weights < optimizer  # AdamW: two fp32 states per weight
-    cap = (weights + optimizer) // 2 if limit == "between" else weights // 2
+def test_a_write_that_fails_midway_is_one_line_and_leaves_nothing_half_written(sizes, tmp_path):
+    """Files capped below the weights' size: the checkpoint fails part-way (a warning, training goes on), then
+    the final model cannot be written either: that loss is said in one line, exit 1. (A cap that only the
+    optimizer state passes would end well: the small file system case shows a run going on to its end.)"""
     out = tmp_path / "run"
-    done = _train_with(sizes["cfg"], out, 4, _file_size_limit(cap))
+    done = _train_with(sizes["cfg"], out, 4, _file_size_limit(sizes["weights"] // 2))
     assert "Traceback" not in done.stderr, done.stderr[-3000:]
     assert not list(out.glob(".tmp-checkpoint-*"))
     warnings = [line for line in done.stdout.splitlines() if "[anyfit] warning: checkpoint-" in line]
     assert len(warnings) == 1 and "was not written" in warnings[0] and "writing failed (" in warnings[0]
     assert "no earlier checkpoint exists" in warnings[0]
-    if limit == "between":  # the optimizer state does not fit, the final model does: the run ends well
-        assert done.returncode == 0 and (out / "model.safetensors").is_file()
-    else:  # nothing fits: the final model is the one loss, said in one line, exit 1
-        assert done.returncode == 1
-        line = done.stderr.strip().splitlines()[-1]
-        assert line.startswith(f"anyfit: error: the final model was not written to {out}: writing failed (")
-        assert not (out / "model.safetensors").exists() and (out / "metrics.jsonl").is_file()
+    assert done.returncode == 1
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"anyfit: error: the final model was not written to {out}: writing failed (")
+    assert not (out / "model.safetensors").exists() and (out / "metrics.jsonl").is_file()
