@@ -302,7 +302,11 @@ def run_steps(run: Run, say=print) -> TrainResult:
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
     if acc.is_main_process and result.losses + result.evals:
-        say(f"[anyfit] curves: {plot_run(run.out)}")
+        try:
+            say(f"[anyfit] curves: {plot_run(run.out)}")
+        except OSError as e:  # a full disk after the model was saved: the run is complete, only the picture is not
+            say(f"[anyfit] warning: loss.png was not written ({e.strerror or e}); draw it later with anyfit plot "
+                f"{run.out}")
     acc.end_training()  # closes the trackers
     result.model, result.tokenizer = acc.unwrap_model(model), run.tokenizer
     return result
