@@ -111,8 +111,8 @@ def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharde
 def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
     # with a validation loss on the way: its no-grad forwards must not leave gathered weights behind
-    _launch(_config(tmp_path, tiny_llama_dir, "lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}"),
-            out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
+    lora = ("lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}")
+    _launch(_config(tmp_path, tiny_llama_dir, *lora), out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
     info = json.loads((out / "run_info.json").read_text())
     for params in info["held_per_process"]["parameters"]:
         assert abs(params - info["parameters"]["total"] / 2) <= 0.02 * info["parameters"]["total"]
@@ -125,6 +125,13 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     trained = load_file(out / "adapter_model.safetensors")
     assert trained and any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in trained.items())
     assert model is not None
+    # its checkpoint continues on one process without sharding: the adapter and its optimizer state carried over
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copytree(out / "checkpoint-2", again / "checkpoint-2")
+    _launch(_config(tmp_path, tiny_llama_dir, *lora), again, 1, "runtime.sharding=none", "train.max_steps=4",
+            "train.resume=auto")
+    assert _losses(again) == pytest.approx([m["loss"] for m in read_metrics(out) if "loss" in m][2:], rel=2e-4)
 
 
 def test_sigkill_then_resume_sharded_is_bit_identical(tiny_llama_dir, tmp_path):
@@ -143,14 +150,21 @@ def test_sigkill_then_resume_sharded_is_bit_identical(tiny_llama_dir, tmp_path):
     assert metric_steps(killed) == list(range(1, STEPS + 1))
 
 
-def test_a_checkpoint_of_four_processes_resumes_on_two(unsharded, four_processes, tiny_llama_dir, tmp_path):
+@pytest.mark.parametrize("written, procs, sharding", [("four", 2, "none"), ("four", 1, "none"), ("unsharded", 2, "fsdp")],
+                         ids=["4-sharded-to-2-replicated", "4-sharded-to-1", "1-replicated-to-2-sharded"])
+def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded, four_processes, tiny_llama_dir,
+                                            tmp_path):
+    """A checkpoint written by N processes, sharded or not, continues on M processes in either mode: the same
+    effective batch and data order, so the same losses as the uninterrupted run."""
     out = tmp_path / "out"
     out.mkdir()
-    shutil.copytree(four_processes / "checkpoint-4", out / "checkpoint-4")
-    # continued on two processes: the same effective batch, the shards re-cut by torch.distributed.checkpoint
-    log = _launch(_config(tmp_path, tiny_llama_dir), out, 2, "runtime.sharding=fsdp", "train.resume=auto")
+    shutil.copytree((four_processes if written == "four" else unsharded) / "checkpoint-4", out / "checkpoint-4")
+    log = _launch(_config(tmp_path, tiny_llama_dir), out, procs, f"runtime.sharding={sharding}", "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert _losses(out) == pytest.approx(_losses(unsharded)[4:], rel=2e-4)
+    a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
 
 
 def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tmp_path):

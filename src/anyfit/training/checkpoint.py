@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from anyfit.config import ConfigError
 from anyfit.model.source import record_base
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
@@ -29,7 +28,13 @@ from anyfit.runfolder import (
     checkpoint_step,
     follow_umask,
 )
+from anyfit.training.checkpoint_read import damaged, load_weights, torch_load
 from anyfit.training.integrity import STATE, checkpoint_problem, write_manifest
+from anyfit.training.relayout import (
+    load_replicated_optimizer_into_sharded,
+    load_sharded_into_replicated,
+    saved_sharded,
+)
 from anyfit.training.sharding import full_state_dict, is_sharded, load_sharded, save_sharded
 from anyfit.training.storage import (
     agreed,
@@ -160,68 +165,33 @@ def prune(output_dir: Path, keep_last: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def _damaged(path: Path, error: Exception):
-    """The error for a checkpoint file that cannot be read: one line naming it, not the reader's traceback."""
-    reason = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    reason = reason if len(reason) <= 120 else reason[:117] + "..."
-    return ConfigError(f"checkpoint file {path} cannot be read ({type(error).__name__}{': ' + reason if reason else ''}"
-                       "); it is damaged. Resume from an earlier checkpoint: train.resume=auto skips damaged ones.")
-
-
-def _torch_load(path: Path, **kwargs) -> Any:
-    try:
-        return torch.load(path, weights_only=False, **kwargs)
-    except Exception as e:  # a damaged pickle/zip raises almost anything (EOFError, UnpicklingError, ...)
-        raise _damaged(path, e) from e
-
-
-def _load_weights(model, directory: Path) -> None:
-    """Load saved weights into the (unwrapped) model: the adapter for PEFT models, else every tensor."""
-    from safetensors.torch import load_file
-
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{directory} holds no .safetensors weights")
-    state: dict[str, torch.Tensor] = {}
-    for f in files:
-        try:
-            state.update(load_file(f))
-        except Exception as e:  # SafetensorError, or an OSError from a file cut short
-            raise _damaged(f, e) from e
-    if hasattr(model, "peft_config"):
-        from peft import set_peft_model_state_dict
-
-        result = set_peft_model_state_dict(model, state)
-        if result.unexpected_keys:
-            raise RuntimeError(f"adapter checkpoint {directory} does not fit this model: {result.unexpected_keys[:5]}")
-        return
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    # save_pretrained leaves out tied copies (lm_head tied to the embeddings); anything else missing is an error.
-    tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"checkpoint {directory} does not fit this model: missing {sorted(set(missing) - tied)[:5]}, "
-                           f"unexpected {sorted(unexpected)[:5]}")
-
-
 def load_checkpoint(accelerator, directory: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """Restore everything a checkpoint holds into the prepared objects; returns its trainer state.
-    A file that cannot be read is a ConfigError naming it (resolve_resume has normally caught it already)."""
-    if is_sharded(model):  # shards written by any number of processes, re-cut for this run
-        load_sharded(model, optimizer, directory)
+    A file that cannot be read is a ConfigError naming it (resolve_resume has normally caught it already).
+
+    Any layout (``anyfit.training.relayout``): a replicated checkpoint resumed sharded has had its weights read
+    before sharding (``weights_before_sharding``); here its optimizer state follows."""
+    if saved_sharded(directory):  # shards written by any number of processes, re-cut for this run
+        if is_sharded(model):
+            load_sharded(model, optimizer, directory)
+        else:
+            load_sharded_into_replicated(accelerator.unwrap_model(model), optimizer, directory)
+    elif is_sharded(model):
+        load_replicated_optimizer_into_sharded(model, optimizer, directory)
     else:
-        _load_weights(accelerator.unwrap_model(model), directory)
-        optimizer.load_state_dict(_torch_load(directory / "optimizer.pt", map_location="cpu"))
-    scheduler.load_state_dict(_torch_load(directory / "scheduler.pt"))
+        load_weights(accelerator.unwrap_model(model), directory)
+        optimizer.load_state_dict(torch_load(directory / "optimizer.pt", map_location="cpu"))
+    scheduler.load_state_dict(torch_load(directory / "scheduler.pt"))
     scaler = getattr(accelerator, "scaler", None)
     if scaler is not None and (directory / "scaler.pt").is_file():
-        scaler.load_state_dict(_torch_load(directory / "scaler.pt"))
+        scaler.load_state_dict(torch_load(directory / "scaler.pt"))
     rng_file = directory / f"rng_state_{accelerator.process_index}.pt"
     if rng_file.is_file():  # absent when resuming with more processes than saved: those start from the seed
-        set_rng_state(_torch_load(rng_file))
+        set_rng_state(torch_load(rng_file))
     try:
         return json.loads((directory / STATE).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise _damaged(directory / STATE, e) from e
+        raise damaged(directory / STATE, e) from e
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

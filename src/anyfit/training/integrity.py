@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from anyfit.config import ConfigError
-from anyfit.runfolder import checkpoint_dirs
-from anyfit.training.sharding import SHARDED_DIR
+from anyfit.runfolder import SHARDED_DIR, checkpoint_dirs
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"

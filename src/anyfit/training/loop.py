@@ -59,6 +59,7 @@ from anyfit.training.outputs import (
     start_run_dir,
 )
 from anyfit.training.plot import plot_run
+from anyfit.training.relayout import check_resumable, saved_sharded, weights_before_sharding
 from anyfit.training.sharding import decide_sharding, shard_model
 from anyfit.training.step import (
     clip_gradients,
@@ -138,6 +139,8 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
     resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir), warn=say)
+    if resume_from is not None:
+        check_resumable(resume_from, cfg)  # any layout resumes; another model or LoRA setting is one line
     out = check_output_dir(cfg, resuming=resume_from is not None)  # before any heavy work
     sharded, offload, sharding = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
     say(f"[anyfit] runtime: {policy.describe()}\n  - {sharding}")
@@ -171,6 +174,8 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     flops = ModelFlops.of(shape_from_config(model.config.get_text_config()),
                           trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
     peak = device_peak(policy.device, policy.precision)
+    if sharded and resume_from is not None and not saved_sharded(resume_from):
+        weights_before_sharding(model, resume_from)  # a replicated checkpoint: sharded with the model below
     if sharded:
         model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
         say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"

@@ -28,8 +28,8 @@ from anyfit.hardware.runtime import sharding_refusal
 from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
 from anyfit.planning.presets import this_machine
+from anyfit.runfolder import SHARDED_DIR
 
-SHARDED_DIR = "sharded"  # inside a checkpoint folder: the torch.distributed.checkpoint files
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -1,0 +1,62 @@
+"""Resuming on another layout: what a run's config cannot continue is refused in one line before any weights
+load, and a position-keyed optimizer state becomes the name-keyed one PyTorch moves between layouts. (The
+layout transitions themselves run with real processes in tests/equivalence/test_sharded.py.)"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from anyfit.config import ConfigError, load_config
+from anyfit.training.relayout import check_resumable, optimizer_by_name
+
+
+def _checkpoint(tmp_path: Path, *overrides: str) -> Path:
+    folder = tmp_path / "checkpoint-4"
+    folder.mkdir()
+    (folder / "config.yaml").write_text(load_config(None, ["model.name_or_path=m", "data.path=d.jsonl",
+                                                           *overrides]).to_yaml())
+    return folder
+
+
+def _cfg(*overrides: str):
+    return load_config(None, ["model.name_or_path=m", "data.path=d.jsonl", *overrides])
+
+
+@pytest.mark.parametrize("saved, now, key", [
+    (("lora.enabled=true",), (), "lora.enabled=true"),
+    ((), ("lora.enabled=true",), "lora.enabled=false"),
+    (("lora.enabled=true", "lora.r=8"), ("lora.enabled=true",), "lora.r=8"),
+    (("lora.enabled=true", "lora.target_modules=[q_proj]"), ("lora.enabled=true",), "lora.target_modules="),
+    (("train.optimizer=adafactor",), (), "train.optimizer=adafactor"),
+], ids=["lora-into-full", "full-into-lora", "rank", "targets", "optimizer"])
+def test_what_cannot_be_continued_is_one_line_naming_the_setting(saved, now, key, tmp_path):
+    with pytest.raises(ConfigError) as e:
+        check_resumable(_checkpoint(tmp_path, *saved), _cfg(*now))
+    message = str(e.value)
+    assert "\n" not in message and "checkpoint-4" in message and key in message
+
+
+def test_layout_settings_may_change(tmp_path):
+    folder = _checkpoint(tmp_path, "lora.enabled=true", "runtime.sharding=fsdp", "runtime.device=cpu")
+    check_resumable(folder, _cfg("lora.enabled=true", "runtime.sharding=none", "train.micro_batch=1"))
+    (folder / "config.yaml").unlink()  # an older checkpoint: its files are checked when they load
+    check_resumable(folder, _cfg())
+
+
+def test_a_position_keyed_optimizer_state_is_keyed_by_name(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
+    decay = [model[0].weight]
+    rest = [model[0].bias, model[1].weight, model[1].bias]
+    optimizer = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}])
+    model(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    named = optimizer_by_name(model, optimizer, optimizer.state_dict(), tmp_path)
+    assert [g["params"] for g in named["param_groups"]] == [["0.weight"], ["0.bias", "1.weight", "1.bias"]]
+    assert torch.equal(named["state"]["1.bias"]["exp_avg"], optimizer.state[model[1].bias]["exp_avg"])
+    assert named["param_groups"][1]["weight_decay"] == 0.0
+    other = torch.optim.AdamW(model.parameters())  # one group where the checkpoint had two
+    with pytest.raises(ConfigError, match="parameter groups"):
+        optimizer_by_name(model, other, optimizer.state_dict(), tmp_path)
