@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from anyfit.config import Config, ConfigError, RuntimeConfig
+from anyfit.hardware.elastic import init_restarted_process_group
 
 
 @dataclass(frozen=True)
@@ -255,6 +256,8 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, tracker
     from accelerate.utils import TorchDynamoPlugin
 
     apply_policy(policy)
+    # a torchrun restart on one machine: the process group on this attempt's own keys (anyfit.hardware.elastic)
+    init_restarted_process_group("gloo" if policy.device == "cpu" else "nccl")
     dynamo = TorchDynamoPlugin(backend="inductor", dynamic=True) if compile_model else None
     accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo,
                               log_with=list(trackers) or None, project_dir=logging_dir if trackers else None)

@@ -60,6 +60,7 @@ from anyfit.training.outputs import (
 )
 from anyfit.training.plot import plot_run
 from anyfit.training.relayout import check_resumable, saved_sharded, weights_before_sharding
+from anyfit.training.restart import earlier_attempt, job_restarts, resume_spec
 from anyfit.training.sharding import decide_sharding, shard_model
 from anyfit.training.step import (
     clip_gradients,
@@ -138,10 +139,12 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
 
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
-    resume_from = resolve_resume(cfg.train.resume, Path(cfg.train.output_dir), warn=say)
+    restarts = job_restarts(accelerator)  # torchrun/SLURM restarted the job: continue it (anyfit.training.restart)
+    resume_from = resolve_resume(resume_spec(cfg.train.resume, restarts, say), Path(cfg.train.output_dir), warn=say)
     if resume_from is not None:
         check_resumable(resume_from, cfg)  # any layout resumes; another model or LoRA setting is one line
-    out = check_output_dir(cfg, resuming=resume_from is not None)  # before any heavy work
+    out = check_output_dir(cfg, resuming=resume_from is not None or  # before any heavy work
+                           earlier_attempt(Path(cfg.train.output_dir), cfg.to_yaml(), restarts))
     sharded, offload, sharding = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
     say(f"[anyfit] runtime: {policy.describe()}\n  - {sharding}")
     say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is "
