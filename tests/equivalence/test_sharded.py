@@ -17,6 +17,8 @@ import torch
 from safetensors.torch import load_file
 from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for, write_dataset
 
+from anyfit.training.integrity import checkpoint_problem
+
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
 
 STEPS = 8
@@ -124,6 +126,10 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     _launch(_config(tmp_path, tiny_llama_dir, *lora), again, 1, "runtime.sharding=none", "train.max_steps=4",
             "train.resume=auto")
     assert _losses(again) == pytest.approx([m["loss"] for m in read_metrics(out) if "loss" in m][2:], rel=2e-4)
+    # and exports as an adapter without the two processes that wrote it
+    from anyfit.export.folder import export
+
+    assert export(out / "checkpoint-2", tmp_path / "exported", echo=lambda *a: None).merged_adapter
 
 
 def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identical(tiny_llama_dir, tmp_path):
@@ -164,6 +170,24 @@ def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded,
     a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
+
+
+def test_a_sharded_checkpoint_exports_without_the_processes_that_wrote_it(unsharded, four_processes, tmp_path):
+    """anyfit export of a checkpoint four processes wrote: one process gathers the shards into ordinary safetensors
+    (the same weights as the replicated run's checkpoint of that step), and the export goes on from there."""
+    from anyfit.export.folder import export
+
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    shutil.copytree(four_processes / "checkpoint-4", checkpoint)
+    said: list[str] = []
+    result = export(checkpoint, tmp_path / "exported", dtype="fp32", echo=said.append)
+    assert any("gathered the sharded checkpoint" in line for line in said)
+    replicated = load_file(unsharded / "checkpoint-4" / "model.safetensors")
+    for gathered in (load_file(checkpoint / "model.safetensors"), load_file(result.out / "model.safetensors")):
+        assert gathered.keys() == replicated.keys()
+        for k in replicated:
+            torch.testing.assert_close(gathered[k], replicated[k], rtol=1e-3, atol=2e-5)
+    assert checkpoint_problem(checkpoint) is None  # still a checkpoint that resumes
 
 
 def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tmp_path):

@@ -24,6 +24,7 @@ from anyfit.export.gguf_check import check_gguf, reference_outputs
 from anyfit.export.gguf_writer import write_gguf
 from anyfit.export.push import push_folder
 from anyfit.export.request import DTYPES, ExportRequest, check_request
+from anyfit.export.sharded import gather_sharded_checkpoint
 from anyfit.export.result import ExportResult
 from anyfit.model.loading import load_for_inference
 from anyfit.runfolder import RUN_CONFIG, follow_umask
@@ -45,6 +46,8 @@ def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None 
     req = check_request(run, out, dtype=dtype, gguf=gguf, push=push, overwrite=overwrite,
                         eval_summary=eval_summary, api=api)
     echo(f"[anyfit] export: {req.run} -> {req.out} ({req.dtype}: {req.dtype_reason})")
+    if req.gather:
+        gather_sharded_checkpoint(req.run, echo)
     req.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{req.out.name}.", suffix=".partial", dir=req.out.parent))
     try:

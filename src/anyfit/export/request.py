@@ -15,6 +15,7 @@ from anyfit.export.errors import ExportError
 from anyfit.export.gguf_support import check_gguf_support, parse_gguf_types
 from anyfit.export.local_files import local_json
 from anyfit.export.push import check_push
+from anyfit.export.sharded import needs_gathering, sharded_location
 from anyfit.export.run_files import RunFiles
 from anyfit.model.source import ModelLocation, locate_model
 from anyfit.runfolder import checkpoint_dirs, has_final_model, run_config_path
@@ -36,6 +37,7 @@ class ExportRequest:
     run_files: RunFiles
     eval_summary: dict[str, Any] | None
     push: str | None
+    gather: bool = False  # a sharded checkpoint, to be gathered into an ordinary folder before it loads
 
 
 def check_request(run, out=None, *, dtype=None, gguf=(), push=None, overwrite=False, eval_summary=None,
@@ -48,8 +50,11 @@ def check_request(run, out=None, *, dtype=None, gguf=(), push=None, overwrite=Fa
     if not run_path.is_dir():
         raise ExportError(f"{run_path} is not a folder: give a training output folder or a model folder "
                           "(a .gguf file is already an export).")
-    _refuse_unfinished_run(run_path)
-    location = locate_model(run_path)  # a folder without config.json/adapter_config.json: one-line error
+    gather = needs_gathering(run_path)  # a sharded checkpoint: gathered into safetensors first (export.sharded)
+    if not gather:
+        _refuse_unfinished_run(run_path)
+    # a folder without config.json/adapter_config.json: one-line error
+    location = sharded_location(run_path) if gather else locate_model(run_path)
     if dtype is not None and dtype not in DTYPES:
         raise ExportError(f"--dtype {dtype!r} is not one of {', '.join(DTYPES)}.")
     gguf_types = parse_gguf_types(gguf)
@@ -62,7 +67,7 @@ def check_request(run, out=None, *, dtype=None, gguf=(), push=None, overwrite=Fa
     if push:
         check_push(push, api)
     name, reason = (dtype, "as asked") if dtype else default_dtype(run_path, location, run_files)
-    return ExportRequest(run_path, out_path, location, name, reason, gguf_types, run_files, summary, push)
+    return ExportRequest(run_path, out_path, location, name, reason, gguf_types, run_files, summary, push, gather)
 
 
 def _refuse_unfinished_run(run: Path) -> None:
