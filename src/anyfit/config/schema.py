@@ -141,8 +141,9 @@ class TrainConfig:
     seed: int = _f(42, "Seed for initialisation of adapters, data order and dropout.")
     resume: str | None = _f(
         None, "Continue a run: 'auto' (the newest complete checkpoint in output_dir; a fresh start if there is "
-        "none) or the path of a checkpoint-N folder. Restores weights, optimizer, scheduler, loss scaler, RNG "
-        "states and the position in the data.")
+        "none) or the path of a checkpoint-N folder, written with any process count and sharding. Restores weights, "
+        "optimizer, scheduler, loss scaler, RNG states and the position in the data. Unset inside a job that torchrun "
+        "or SLURM restarted: auto.")
     packing: bool = _f(
         True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
         "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example.")

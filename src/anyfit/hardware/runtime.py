@@ -255,6 +255,9 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, tracker
     from accelerate import Accelerator
     from accelerate.utils import TorchDynamoPlugin
 
+    refusal = deepspeed_launch_refusal()
+    if refusal:
+        raise ConfigError(refusal)
     apply_policy(policy)
     # a torchrun restart on one machine: the process group on this attempt's own keys (anyfit.hardware.elastic)
     init_restarted_process_group("gloo" if policy.device == "cpu" else "nccl")
@@ -268,6 +271,21 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, tracker
                           f"{accelerator.mixed_precision!r} (for example by a transformers Trainer), but this run needs "
                           f"{policy.mixed_precision!r}: run anyfit in a fresh process (or restart the notebook kernel).")
     return accelerator
+
+
+def deepspeed_launch_refusal(environ=os.environ) -> str:
+    """Why a launch through a DeepSpeed ``accelerate config`` is refused ('' for any other launch).
+
+    anyfit's loop does not drive DeepSpeed's engine: on CPU Accelerate drops DeepSpeed and the run would train
+    as plain DDP while the config says ZeRO-3; on CUDA the engine would take over the accumulation, the loss
+    scaling and the clipping anyfit does itself. Refused rather than half-run (FSDP2 covers ZeRO-3's sharding
+    and offload through anyfit's own loop)."""
+    if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() not in ("true", "1"):
+        return ""
+    return ("launched with a DeepSpeed accelerate config: anyfit's training loop does not drive DeepSpeed yet (on "
+            "CPU Accelerate would drop it and train unsharded; on CUDA its engine would replace anyfit's "
+            "accumulation, loss scaling and clipping). For ZeRO-3's sharding use runtime.sharding=fsdp, and "
+            "runtime.fsdp_offload=true for its CPU offload, launched with torchrun or a plain accelerate launch.")
 
 
 def apply_policy(policy: RuntimePolicy) -> None:

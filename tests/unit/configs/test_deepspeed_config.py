@@ -37,7 +37,7 @@ def test_every_deepspeed_key_is_an_accelerate_launch_option():
     assert set(load_config_from_file(str(CONFIG)).deepspeed_config) <= options
 
 
-def test_the_launch_environment_asks_for_zero_3_and_anyfit_then_does_not_shard(monkeypatch, tiny_llama_dir):
+def test_the_launch_environment_asks_for_zero_3_and_training_refuses_it(monkeypatch, tiny_llama_dir):
     from accelerate.commands.launch import _validate_launch_command, launch_command_parser
     from accelerate.utils.launch import prepare_deepspeed_cmd_env
     from transformers import AutoConfig
@@ -66,6 +66,12 @@ def test_the_launch_environment_asks_for_zero_3_and_anyfit_then_does_not_shard(m
     monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", env["ACCELERATE_USE_DEEPSPEED"])
     use, why = recommend_sharding(cfg, shape, tiny_gpu, 2)
     assert use is False and "DeepSpeed" in why
+    # and training refuses the launch in one line before any work: the loop does not drive DeepSpeed's engine
+    from anyfit.hardware.runtime import deepspeed_launch_refusal
+
+    refusal = deepspeed_launch_refusal(env)
+    assert refusal and "\n" not in refusal and "runtime.sharding=fsdp" in refusal
+    assert deepspeed_launch_refusal({}) == ""
 
 
 @pytest.mark.parametrize("key", ["zero3_init_flag", "zero3_save_16bit_model"])
