@@ -92,18 +92,18 @@ class RunLock:
 
 
 def follow_umask(folder: Path) -> None:
-    """Give ``folder`` and everything in it the modes a plain ``open``/``mkdir`` would under the process's umask:
-    transformers writes weights through a private temporary file (mode 600) and ``tempfile.mkdtemp`` makes
-    private folders (700), so on a shared disk a group could read a model's config but not its weights."""
+    """Give ``folder`` and the files directly in it the modes a plain ``open``/``mkdir`` would under the process's
+    umask: transformers writes weights through a private temporary file (mode 600) and ``tempfile.mkdtemp`` makes
+    private folders (700), so on a shared disk a group could read a model's config but not its weights. Only the
+    top level: that is where ``save_pretrained`` writes, and a run folder's checkpoints and logs below it were
+    written with the umask already (walking them would cost a stat per file of a large sharded checkpoint)."""
     mask = os.umask(0)
     os.umask(mask)
     folder = Path(folder)
     folder.chmod(0o777 & ~mask)
-    for root, dirs, files in os.walk(folder):
-        for name in dirs:
-            (Path(root) / name).chmod(0o777 & ~mask)
-        for name in files:
-            (Path(root) / name).chmod(0o666 & ~mask)
+    for path in folder.iterdir():
+        if path.is_file() and not path.is_symlink():
+            path.chmod(0o666 & ~mask)
 
 
 def checkpoint_step(path: Path) -> int | None:

@@ -85,14 +85,17 @@ def test_the_run_lock_is_held_once_and_gone_when_released(tmp_path):
             pass
 
 
-def test_follow_umask_opens_up_private_files_and_folders(tmp_path):
+def test_follow_umask_opens_up_a_private_folder_and_its_files(tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir(mode=0o700)
+    (folder / "w.safetensors").write_bytes(b"x")
+    (folder / "w.safetensors").chmod(0o600)
+    (folder / "checkpoint-2").mkdir(mode=0o700)  # below the top level: written under the umask, left alone
     mask = os.umask(0o027)
     try:
-        (tmp_path / "sub").mkdir(mode=0o700)
-        (tmp_path / "sub" / "w.safetensors").write_bytes(b"x")
-        (tmp_path / "sub" / "w.safetensors").chmod(0o600)
-        follow_umask(tmp_path)
+        follow_umask(folder)
     finally:
         os.umask(mask)
-    assert (tmp_path / "sub").stat().st_mode & 0o777 == 0o750
-    assert (tmp_path / "sub" / "w.safetensors").stat().st_mode & 0o777 == 0o640
+    assert folder.stat().st_mode & 0o777 == 0o750
+    assert (folder / "w.safetensors").stat().st_mode & 0o777 == 0o640
+    assert (folder / "checkpoint-2").stat().st_mode & 0o777 == 0o700
