@@ -32,7 +32,8 @@ def _profile(model_dir, tmp_path: Path, name: str, *extra: str, probe: bool = Fa
 
 @pytest.fixture(scope="module")
 def good(tiny_llama_dir, tmp_path_factory):
-    return _profile(tiny_llama_dir, tmp_path_factory.mktemp("good"), "good")
+    # data.max_length=12 cuts the longer examples: the tokens cut away are part of the profile
+    return _profile(tiny_llama_dir, tmp_path_factory.mktemp("good"), "good", "data.max_length=12")
 
 
 def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):
@@ -52,6 +53,8 @@ def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):
     assert measured["optimizer"] == pytest.approx(2 * measured["weights"], rel=0.05)  # AdamW: two fp32 states
     assert measured["gradients"] > 0 and measured["activations"] > 0 and measured["logits"] > 0
     assert 0 < profile["mfu"] < 1 and profile["padding_share"] == 0
+    data = json.loads((out / "run_info.json").read_text())["data"]
+    assert profile["truncated_tokens"] == data["truncated_tokens"] > 0 and profile["truncated_examples"] > 0
     assert not (out / "model.safetensors").exists()  # a profile run keeps no model
     lines = read_metrics(out)
     assert len(lines) == 5 and all(0 < line["mfu"] < 1 for line in lines)  # 3 warm-up + 2 profiled steps

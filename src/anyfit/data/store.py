@@ -9,6 +9,7 @@ Layout of one store (a folder named by its key, under ``data.cache_dir``, defaul
     trainable.bin       int32, trained tokens per example (what the window sampler weighs the loss by)
     record_fate.bin     uint8, per source record: kept, cut, or why it was dropped (``tokenization.Fate``)
     record_example.bin  int64, per source record: its example's index, -1 when dropped
+    record_cut.bin      int32, per source record: the tokens the cut to data.max_length removed (0 when not cut)
     manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
 
 Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
@@ -59,12 +60,12 @@ from anyfit.data.formats import to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
 
-FORMAT = 1
+FORMAT = 2  # 2: record_cut.bin
 MANIFEST = "manifest.json"
 HASH = "sha256"
 # name -> dtype; the per-example and per-record arrays are small next to the token arrays.
 ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
-          "record_fate": np.uint8, "record_example": np.int64}
+          "record_fate": np.uint8, "record_example": np.int64, "record_cut": np.int32}
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
@@ -154,7 +155,7 @@ class TokenStore:
         fates = self.arrays["record_fate"][records]
         report = report_of([Fate(int(f)) for f in fates], self.lengths[index].tolist(),
                            self.arrays["trainable"][index].tolist(), self.manifest["max_length"],
-                           self.manifest["overlong"])
+                           self.manifest["overlong"], cut=self.arrays["record_cut"][records].tolist())
         return Examples(self, index, report)
 
 
@@ -282,10 +283,11 @@ class _Packed:
     lengths: np.ndarray  # int64, one per kept example
     ids: np.ndarray  # int32, the kept examples' tokens end to end
     mask: np.ndarray  # uint8, 1 where the token is trained on
+    cuts: np.ndarray  # int32, one per record: tokens truncation removed
 
     @staticmethod
-    def of(results: list[tuple[Fate, list[int], list[int]]]) -> _Packed:
-        kept = [(ids, labels) for fate, ids, labels in results if fate.kept]
+    def of(results: list[tuple[Fate, list[int], list[int], int]]) -> _Packed:
+        kept = [(ids, labels) for fate, ids, labels, _ in results if fate.kept]
         lengths = np.fromiter((len(ids) for ids, _ in kept), dtype=np.int64, count=len(kept))
         total = int(lengths.sum())
         ids = np.fromiter(itertools.chain.from_iterable(i for i, _ in kept), dtype=np.int32, count=total)
@@ -293,8 +295,8 @@ class _Packed:
         mask = labels != IGNORE_INDEX
         if not np.array_equal(labels[mask], ids[mask]):  # the 1-byte mask could not hold them
             raise AssertionError("a label differs from its token id; the token store cannot hold it")
-        return _Packed(np.fromiter((f for f, _, _ in results), dtype=np.uint8, count=len(results)), lengths, ids,
-                       mask.astype(np.uint8))
+        return _Packed(np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
+                       mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)))
 
 
 def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
@@ -419,7 +421,7 @@ class _Writer:
         self.ids = (folder / "input_ids.bin").open("wb")
         self.mask = (folder / "loss_mask.bin").open("wb")
         self.offsets, self.trainable = array("q", [0]), array("i")
-        self.fates, self.record_example = array("B"), array("q")
+        self.fates, self.record_example, self.cuts = array("B"), array("q"), array("i")
         self.lengths: list[int] = []
 
     @property
@@ -434,6 +436,7 @@ class _Writer:
         kept = np.isin(batch.fates, _KEPT)
         first = len(self.trainable)
         self.fates.extend(batch.fates.tolist())
+        self.cuts.extend(batch.cuts.tolist())
         self.record_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
         if not len(batch.lengths):
             return
@@ -446,17 +449,17 @@ class _Writer:
 
     def report(self, cfg: DataConfig) -> DataReport:
         return report_of([Fate(f) for f in self.fates], self.lengths, list(self.trainable), cfg.max_length,
-                         cfg.overlong)
+                         cfg.overlong, cut=self.cuts)
 
     def finish(self, cfg: DataConfig, key: str) -> None:
         self.ids.close()
         self.mask.close()
         for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("record_fate", self.fates),
-                             ("record_example", self.record_example)):
+                             ("record_example", self.record_example), ("record_cut", self.cuts)):
             (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
         counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
                   "trainable": len(self.trainable), "record_fate": len(self.fates),
-                  "record_example": len(self.record_example)}
+                  "record_example": len(self.record_example), "record_cut": len(self.cuts)}
         files = {f"{name}.bin": {"size": (self.folder / f"{name}.bin").stat().st_size,
                                  HASH: file_sha256(self.folder / f"{name}.bin")} for name in ARRAYS}
         manifest = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,

@@ -55,6 +55,7 @@ class DataReport:
 
     loaded: int = 0
     truncated: int = 0
+    truncated_tokens: int = 0  # the tokens the cut to data.max_length removed from those examples
     dropped_overlong: int = 0
     dropped_nothing_to_train: int = 0  # before any cut: a conversation without an assistant turn, ...
     dropped_no_target: int = 0  # the cut to max_length left no trained token
@@ -70,7 +71,8 @@ class DataReport:
     def summary(self) -> str:
         parts = [f"Loaded {self.loaded} examples, kept {self.kept}."]
         if self.truncated:
-            parts.append(f"{self.truncated} were cut to data.max_length={self.length_limit} tokens.")
+            parts.append(f"{self.truncated} were cut to data.max_length={self.length_limit} tokens "
+                         f"({self.truncated_tokens:,} tokens cut away).")
         if self.dropped_overlong:
             parts.append(f"{self.dropped_overlong} were dropped as longer than data.max_length={self.length_limit} "
                          "(data.overlong=drop).")
@@ -128,18 +130,20 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
     else:
         examples = to_examples(records_or_examples, cfg)
     results = tokenize_each(examples, tokenizer, cfg)
-    out = [{"input_ids": ids, "labels": labels} for fate, ids, labels in results if fate.kept]
-    report = report_of([fate for fate, _, _ in results], [len(e["input_ids"]) for e in out],
-                       [_count_trained(e["labels"]) for e in out], cfg.max_length, cfg.overlong)
+    out = [{"input_ids": ids, "labels": labels} for fate, ids, labels, _ in results if fate.kept]
+    report = report_of([fate for fate, *_ in results], [len(e["input_ids"]) for e in out],
+                       [_count_trained(e["labels"]) for e in out], cfg.max_length, cfg.overlong,
+                       cut=[cut for *_, cut in results])
     if not out:
         raise DataError(nothing_left(report))
     return out, report
 
 
 def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
-                  cfg: DataConfig) -> list[tuple[Fate, list[int], list[int]]]:
-    """``(fate, input_ids, labels)`` of every example, in order, after the length policy (empty lists for a
-    dropped one): the one rule behind ``tokenize_dataset`` and the token store (``anyfit.data.store``)."""
+                  cfg: DataConfig) -> list[tuple[Fate, list[int], list[int], int]]:
+    """``(fate, input_ids, labels, cut)`` of every example, in order, after the length policy (empty lists for a
+    dropped one; ``cut``: the tokens a truncation removed): the one rule behind ``tokenize_dataset`` and the token
+    store (``anyfit.data.store``)."""
     if not examples:
         return []
     if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
@@ -161,27 +165,31 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
     return [_length_policy(pair, cfg) for pair in pairs]
 
 
-def _length_policy(pair: tuple[list[int], list[int]] | None, cfg: DataConfig) -> tuple[Fate, list[int], list[int]]:
+def _length_policy(pair: tuple[list[int], list[int]] | None,
+                   cfg: DataConfig) -> tuple[Fate, list[int], list[int], int]:
     if pair is None:
-        return Fate.DROPPED_NO_ANSWER, [], []
+        return Fate.DROPPED_NO_ANSWER, [], [], 0
     input_ids, labels = pair
     if not _count_trained(labels):
-        return Fate.DROPPED_NOTHING_TO_TRAIN, [], []
-    fate = Fate.KEPT
+        return Fate.DROPPED_NOTHING_TO_TRAIN, [], [], 0
+    fate, cut = Fate.KEPT, 0
     if len(input_ids) > cfg.max_length:
         if cfg.overlong == "drop":
-            return Fate.DROPPED_OVERLONG, [], []
+            return Fate.DROPPED_OVERLONG, [], [], 0
+        cut = len(input_ids) - cfg.max_length
         input_ids, labels = input_ids[: cfg.max_length], labels[: cfg.max_length]
         fate = Fate.TRUNCATED
     if _count_trained(labels) == 0:
-        return Fate.DROPPED_NO_TARGET, [], []
-    return fate, input_ids, labels
+        return Fate.DROPPED_NO_TARGET, [], [], 0
+    return fate, input_ids, labels, cut
 
 
 def report_of(fates: Sequence[Fate], lengths: Sequence[int], trainable: Sequence[int], max_length: int,
-              overlong: str) -> DataReport:
-    """The report of records with these fates; ``lengths``/``trainable``: of the kept ones."""
-    report = DataReport(loaded=len(fates), length_limit=max_length, overlong=overlong)
+              overlong: str, cut: Sequence[int] = ()) -> DataReport:
+    """The report of records with these fates; ``lengths``/``trainable``: of the kept ones; ``cut``: the tokens
+    truncation removed, per record."""
+    report = DataReport(loaded=len(fates), length_limit=max_length, overlong=overlong,
+                        truncated_tokens=int(sum(cut)))
     for fate in fates:
         if fate in _REPORT_FIELD:
             name = _REPORT_FIELD[fate]

@@ -57,8 +57,11 @@ def report_text(p: dict[str, Any]) -> str:
         lines.append(f"    {op['name'][:60]:60s} {op['ms_per_step']:9.2f} ms  {op['share']:6.1%}  "
                      f"x{op['calls_per_step']:.0f}")
     truncated = p["truncated_examples"] / max(1, p["kept_examples"])
+    cut = p.get("truncated_tokens", 0)
+    lost = cut / max(1, cut + p.get("data_tokens", 0))
     lines.append(f"  tokens: {p['padding_share']:.1%} of the positions computed are padding; {truncated:.1%} of the "
-                 f"examples were cut to data.max_length={p['max_length']} (the tokens cut away are not counted)")
+                 f"examples were cut to data.max_length={p['max_length']}, {cut:,} tokens ({lost:.1%} of the data) "
+                 "cut away")
     lines += _memory(p)
     if p["advice"]:
         lines.append("  advice (each measured in this run):")

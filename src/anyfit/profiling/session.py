@@ -162,6 +162,7 @@ class StepProfiler:
             "mfu": flops / seconds / run.peak.flops_per_s if seconds and run.peak else None,
             "peak": run.peak.as_dict() if run.peak else None,
             "padding_share": now.padding, "truncated_examples": run.data.report.truncated,
+            "truncated_tokens": run.data.report.truncated_tokens, "data_tokens": run.data.report.total_tokens,
             "kept_examples": run.data.report.kept, "max_length": run.cfg.data.max_length,
             "memory_measured_gib": self.measured.as_dict(), "memory_planned_gib": planned.as_dict(),
             "budget_gib": round(budget_bytes(run.policy.device, run.cfg.runtime.memory_fraction) / 2**30, 3),

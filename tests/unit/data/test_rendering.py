@@ -128,6 +128,9 @@ def test_truncate_versus_drop(qwen_tokenizer):
     assert (report.loaded, report.kept, report.truncated, report.dropped_overlong) == (2, 2, 1, 0)
     assert len(rows[0]["input_ids"]) == 20 and report.max_length == 20
     assert rows[0]["input_ids"][-1] != qwen_tokenizer.eos_token_id  # cut text does not end
+    whole, _ = tokenize_dataset(records[:1], qwen_tokenizer, DataConfig(template="plain", max_length=4096))
+    assert report.truncated_tokens == len(whole[0]["input_ids"]) - 20 > 0  # the tokens the cut removed
+    assert f"({report.truncated_tokens:,} tokens cut away)" in report.summary()
 
     rows, report = tokenize_dataset(records, qwen_tokenizer, DataConfig(template="plain", max_length=20, overlong="drop"))
     assert (report.kept, report.truncated, report.dropped_overlong) == (1, 0, 1)

@@ -147,12 +147,14 @@ def test_a_damaged_store_is_rebuilt_not_trusted(damage, tokenizer, tmp_path, mon
 
 
 def test_holdout_views_match_splitting_the_records(tokenizer, tmp_path):
-    """eval.holdout: the seeded record sample, tokenized as before (each part reported on its own)."""
+    """eval.holdout: the seeded record sample, tokenized as before (each part reported on its own, the tokens
+    truncation cut from each part's records among it)."""
     import random
 
     path = write_jsonl(tmp_path / "d.jsonl", problems(300))
     cfg = load_config(None, [f"data.path={path}", f"data.cache_dir={tmp_path / 'stores'}", "data.template=plain",
-                             "data.fields={prompt: question, completion: answer}", "eval.holdout=37", "train.seed=5"])
+                             "data.fields={prompt: question, completion: answer}", "eval.holdout=37", "train.seed=5",
+                             "data.max_length=24"])
     data = prepare_training_data(cfg, tokenizer, echo=lambda *a: None)
     records = load_records(cfg.data)
     order = list(range(len(records)))
@@ -161,6 +163,7 @@ def test_holdout_views_match_splitting_the_records(tokenizer, tmp_path):
     train, train_report = tokenize_dataset([r for i, r in enumerate(records) if i not in held], tokenizer, cfg.data)
     heldout, held_report = tokenize_dataset([records[i] for i in sorted(held)], tokenizer, cfg.data)
     assert list(data.examples) == train and data.report == train_report
+    assert 0 < train_report.truncated_tokens and 0 < held_report.truncated_tokens
     assert list(data.eval_examples) == heldout and data.eval_report == held_report
 
 
