@@ -72,7 +72,9 @@ def test_an_invalid_name_is_explained(tmp_path, monkeypatch):
 @pytest.mark.parametrize("name", ["Qwen/Qwen2.5-0.5b-instrukt", "my-model"])
 def test_offline_and_not_cached_fails_fast_in_one_line(tmp_path, name):
     result = run_check(tmp_path, name, HF_HUB_OFFLINE="1")
-    assert result["seconds"] < 1.0
+    # no network wait: a lookup would cost the hub client's 10 s timeout and its retries; the check itself took
+    # 0.1-1.3 s on 2-core VMs (1.3 s: Python 3.10 at the dependencies' lower bounds on a slow one)
+    assert result["seconds"] < 5.0
     assert result["error"].startswith(f"model.name_or_path: offline (HF_HUB_OFFLINE is set) and {name} is not in "
                                       "the local cache, and it is not a local path either")
     assert "\n" not in result["error"]
