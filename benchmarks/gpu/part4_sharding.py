@@ -19,6 +19,10 @@ micro-batch 8 (DeepSpeed's config steps after every backward, so no accumulation
 - ``deepspeed-zero3-offload-json``: the same through a DeepSpeed JSON (``deepspeed_config_file``) that states
   ``train_micro_batch_size_per_gpu: 8``, to see how far the loop gets past that.
 
+Since 2026-11-25 anyfit refuses a launch through a DeepSpeed accelerate config in one line before any work
+(``hardware.runtime.deepspeed_launch_refusal``: its loop does not drive DeepSpeed's engine yet, issue 20 part 3),
+so both DeepSpeed cells record that refusal as their error in a few seconds, until DeepSpeed runs through the loop.
+
 Per run: pass/fail with the error, per-step losses and their largest relative difference from ``plain`` (flagged
 above 2%: bf16 numerics differ between autocast, FSDP2's mixed precision and DeepSpeed's bf16 mode), GPU peak
 (``peak_mem_gib``), tokens/s, and what each process held (``run_info.json``). Writes results.json, sharding.md,
