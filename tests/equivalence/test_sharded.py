@@ -41,7 +41,8 @@ def _free_port() -> int:
 
 def _launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True, restarts: int = 0):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port",
-           str(_free_port()), "--max-restarts", str(restarts), "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *overrides]
+           str(_free_port()), "--max-restarts", str(restarts), "-m", "anyfit", "train", str(cfg),
+           f"train.output_dir={out}", *overrides]
     if procs == 1:
         cmd = [sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *overrides]
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -56,21 +57,23 @@ def _losses(out: Path) -> list[float]:
     return [m["loss"] for m in read_metrics(out) if "loss" in m]
 
 
+def _complete_run(tmp_path_factory, model_dir: Path, name: str, procs: int, sharding: str) -> tuple[Path, str]:
+    """A whole run of the module's config in a folder of its own: (its output folder, its log)."""
+    tmp = tmp_path_factory.mktemp(name)
+    out = tmp / "out"
+    return out, _launch(_config(tmp, model_dir), out, procs, f"runtime.sharding={sharding}")
+
+
 @pytest.fixture(scope="module")
 def unsharded(tiny_llama_dir, tmp_path_factory) -> Path:
     """The reference: one process, no sharding."""
-    tmp = tmp_path_factory.mktemp("unsharded")
-    out = tmp / "out"
-    _launch(_config(tmp, tiny_llama_dir), out, 1, "runtime.sharding=none")
-    return out
+    return _complete_run(tmp_path_factory, tiny_llama_dir, "unsharded", 1, "none")[0]
 
 
 @pytest.fixture(scope="module")
 def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     """A complete sharded run on four processes (its checkpoints are resumed on other layouts below)."""
-    tmp = tmp_path_factory.mktemp("four")
-    out = tmp / "out"
-    log = _launch(_config(tmp, tiny_llama_dir), out, 4, "runtime.sharding=fsdp")
+    out, log = _complete_run(tmp_path_factory, tiny_llama_dir, "four", 4, "fsdp")
     assert "sharding fsdp: asked for in the config" in log
     return out
 
@@ -78,10 +81,7 @@ def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def two_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     """A complete sharded run on two processes (also the uninterrupted reference of the restart test)."""
-    tmp = tmp_path_factory.mktemp("two")
-    out = tmp / "out"
-    _launch(_config(tmp, tiny_llama_dir), out, 2, "runtime.sharding=fsdp")
-    return out
+    return _complete_run(tmp_path_factory, tiny_llama_dir, "two", 2, "fsdp")[0]
 
 
 @pytest.mark.parametrize("procs", [2, 4])
@@ -145,7 +145,8 @@ def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identic
     killed = tmp_path / "killed"
     job = _launch(_config(tmp_path, tiny_llama_dir), killed, 2, "runtime.sharding=fsdp", wait=False, restarts=1)
     try:
-        wait_for(lambda: (killed / "checkpoint-4" / "trainer_state.json").exists(), job, timeout=300)
+        # at the first checkpoint: six steps still to go, so the kill lands mid-run however fast the machine
+        wait_for(lambda: (killed / "checkpoint-2" / "trainer_state.json").exists(), job, timeout=300)
         workers = psutil.Process(job.pid).children()
         assert len(workers) == 2
         workers[-1].kill()  # one worker of two: a lost GPU, an OOM kill
