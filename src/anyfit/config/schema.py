@@ -191,12 +191,16 @@ class RuntimeConfig:
         "0 elsewhere: on a CPU they would compete with training for the cores).")
     compile: bool = _f(False, "torch.compile the model (inductor, dynamic shapes). Off by default until it is "
                        "measured to pay on a GPU (see BENCHMARKS.md).")
-    sharding: Literal["auto", "none", "fsdp"] = _f(
+    sharding: Literal["auto", "none", "fsdp", "deepspeed"] = _f(
         "auto", "fsdp: shard weights, gradients and optimizer states over the processes with PyTorch's FSDP2 "
-        "(fully_shard per decoder layer). auto: what 'anyfit plan' recommends for this machine and process count "
-        "(printed with its reason). none: every process holds everything (DDP).")
+        "(fully_shard per decoder layer). deepspeed: the same with DeepSpeed ZeRO-3, driven by anyfit's loop "
+        "(needs the deepspeed extra). auto: what 'anyfit plan' recommends for this machine and process count "
+        "(printed with its reason; never deepspeed). none: every process holds everything (DDP).")
     fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
                             "offload); slower, for models that do not fit in device memory even sharded.")
+    deepspeed_offload: bool = _f(False, "With sharding=deepspeed: ZeRO-3 offload of parameters and optimizer "
+                                 "states to host RAM (on CUDA the update runs in DeepSpeed's CPU Adam); for models "
+                                 "that do not fit in device memory even sharded.")
     fsdp_reduce_every_micro_batch: bool = _f(
         False, "With sharding and accumulation: reduce-scatter the gradients after every micro-batch, so each "
         "process keeps only its 1/N shard of them through the window instead of an unsharded fp32 gradient of the "

@@ -14,6 +14,7 @@ from torch.profiler import record_function
 from anyfit.config import ConfigError
 from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, example_lengths, to_device
 from anyfit.hardware.memory import budget_bytes, is_oom, peak_bytes, release_cached, reset_peak
+from anyfit.training.deepspeed_engine import is_deepspeed
 from anyfit.training.sharding import gradient_sync, is_sharded
 from anyfit.training.step import backward_window
 
@@ -114,7 +115,7 @@ def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step:
             loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn, reduce_every)
             return loss_sum, indices, window_tokens
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
-            if not is_oom(e):
+            if not is_oom(e) or is_deepspeed(model):  # ZeRO-3 reduced part of the window already: no redo
                 raise
             del batches
             optimizer.zero_grad(set_to_none=True)

@@ -35,6 +35,8 @@ from anyfit.training.relayout import (
     load_sharded_into_replicated,
     saved_sharded,
 )
+from anyfit.training import deepspeed_engine
+from anyfit.training.deepspeed_engine import is_deepspeed
 from anyfit.training.sharding import full_state_dict, is_sharded, load_sharded, save_sharded
 from anyfit.training.storage import (
     agreed,
@@ -60,7 +62,10 @@ def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -
 
     With ``model_cfg`` (the run's ModelConfig), an adapter records a base others can load (see
     :func:`portable_base`) instead of the path the weights happened to be read from."""
-    state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
+    if is_deepspeed(model):
+        state_dict = deepspeed_engine.full_state_dict(model, accelerator.is_main_process)
+    else:
+        state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
@@ -114,8 +119,10 @@ def _attempt(write, folder: Path, need: int) -> str | None:
 def _write_checkpoint(accelerator, tmp: Path, model, optimizer, scheduler, tokenizer, config_yaml: str,
                       model_cfg) -> None:
     """Every file of a checkpoint but its state and manifest, into ``tmp`` (collective)."""
-    sharded = is_sharded(model)
-    if sharded:  # every process writes its own shards of the weights and the optimizer states
+    sharded = is_sharded(model) or is_deepspeed(model)
+    if is_deepspeed(model):  # the engine's own files: every process its partitions and optimizer states
+        deepspeed_engine.save_engine(model, tmp)
+    elif sharded:  # every process writes its own shards of the weights and the optimizer states
         save_sharded(model, optimizer, tmp)
     else:
         save_model(accelerator, model, tokenizer, tmp, model_cfg)
@@ -171,7 +178,9 @@ def load_checkpoint(accelerator, directory: Path, model, optimizer, scheduler) -
 
     Any layout (``anyfit.training.relayout``): a replicated checkpoint resumed sharded has had its weights read
     before sharding (``weights_before_sharding``); here its optimizer state follows."""
-    if saved_sharded(directory):  # shards written by any number of processes, re-cut for this run
+    if is_deepspeed(model):  # written by as many processes (check_resumable refused any other checkpoint)
+        deepspeed_engine.load_engine(model, directory)
+    elif saved_sharded(directory):  # shards written by any number of processes, re-cut for this run
         if is_sharded(model):
             load_sharded(model, optimizer, directory)
         else:

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from anyfit.config import ConfigError
-from anyfit.runfolder import SHARDED_DIR, checkpoint_dirs
+from anyfit.runfolder import DEEPSPEED_DIR, SHARDED_DIR, checkpoint_dirs
 
 MANIFEST = "manifest.json"
 STATE = "trainer_state.json"
@@ -72,8 +72,9 @@ def _read_manifest(directory: Path) -> dict[str, dict[str, Any]] | None:
 
 def _unlisted(names: set[str]) -> list[str]:
     """The parts every checkpoint has that a manifest does not list. A sharded run keeps its weights and
-    optimizer state under sharded/ (torch.distributed.checkpoint) instead of *.safetensors and optimizer.pt."""
-    if any(name.startswith(f"{SHARDED_DIR}/") for name in names):
+    optimizer state under sharded/ (torch.distributed.checkpoint), a DeepSpeed one under deepspeed/ (the engine's
+    files), instead of *.safetensors and optimizer.pt."""
+    if any(name.startswith((f"{SHARDED_DIR}/", f"{DEEPSPEED_DIR}/")) for name in names):
         return [name for name in (STATE, "scheduler.pt") if name not in names]
     unlisted = [name for name in REQUIRED if name not in names]
     if not any(name.endswith(".safetensors") for name in names):

@@ -38,6 +38,7 @@ from anyfit.model.source import ModelSource
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
 from anyfit.profiling.session import profiled
 from anyfit.runfolder import METRICS, NotWritten, RunLock
+from anyfit.training import deepspeed_engine
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
 from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_final_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
@@ -142,7 +143,7 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     restarts = job_restarts(accelerator)  # torchrun/SLURM restarted the job: continue it (anyfit.training.restart)
     resume_from = resolve_resume(resume_spec(cfg.train.resume, restarts, say), Path(cfg.train.output_dir), warn=say)
     if resume_from is not None:
-        check_resumable(resume_from, cfg)  # any layout resumes; another model or LoRA setting is one line
+        check_resumable(resume_from, cfg, accelerator.num_processes)  # another LoRA setting: one line
     out = check_output_dir(cfg, resuming=resume_from is not None or  # before any heavy work
                            earlier_attempt(Path(cfg.train.output_dir), cfg.to_yaml(), restarts))
     sharded, offload, sharding = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
@@ -164,30 +165,12 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     sampler = WindowSampler.of(data.examples, plan, accelerator.process_index, cfg.train.seed)
     steps = total_steps(cfg, sampler, say)
 
-    # model and optimizer: sharded with FSDP2 (anyfit.training.sharding), or replicated by Accelerate (DDP)
-    # sharded over several processes: only process 0 reads the weights, the others build the model empty and
-    # receive their shards from it (host RAM: one copy of the model on the machine, not one per process)
-    from_rank0 = sharded and accelerator.num_processes > 1
-    model = load_model(cfg, policy, accelerator.local_process_index,
-                       empty=from_rank0 and not accelerator.is_main_process)
-    trainable, total = count_parameters(model)
-    loaded = sum(p.numel() for p in model.parameters() if not p.is_meta)
-    say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
-        f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
-    flops = ModelFlops.of(shape_from_config(model.config.get_text_config()),
+    model, optimizer, scheduler, (trainable, total), loaded = _model_and_optimizer(
+        cfg, policy, accelerator, sharded, offload, resume_from, plan, steps, say)
+    model.train()
+    flops = ModelFlops.of(shape_from_config(accelerator.unwrap_model(model).config.get_text_config()),
                           trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
     peak = device_peak(policy.device, policy.precision)
-    if sharded and resume_from is not None and not saved_sharded(resume_from):
-        weights_before_sharding(model, resume_from)  # a replicated checkpoint: sharded with the model below
-    if sharded:
-        model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
-        say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
-            + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
-    optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
-    scheduler = build_scheduler(optimizer, cfg.train, steps)
-    if not sharded:
-        model, optimizer = accelerator.prepare(model, optimizer)
-    model.train()
     if cfg.train.micro_batch == "auto":
         plan = sampler.plan = auto_micro_batch(accelerator, model, data.examples, plan, collate_fn, loss_fn,
                                                policy.device, cfg.runtime.memory_fraction, trainable, say)
@@ -213,6 +196,45 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
         raise
 
 
+def _model_and_optimizer(cfg: Config, policy: RuntimePolicy, accelerator, sharded: bool, offload: bool,
+                         resume_from: Path | None, plan: BatchPlan, steps: int, say):
+    """(model, optimizer, scheduler, trainable parameters, parameter elements this process read): sharded with
+    FSDP2 (``anyfit.training.sharding``), by DeepSpeed ZeRO-3 (``anyfit.training.deepspeed_engine``), or
+    replicated by Accelerate (DDP)."""
+    zero3 = cfg.runtime.sharding == "deepspeed"
+    if zero3:
+        deepspeed_engine.select_accelerator(policy.device)
+    # FSDP2 over several processes: only process 0 reads the weights, the others build the model empty and
+    # receive their shards from it (host RAM: one copy of the model on the machine, not one per process)
+    from_rank0 = sharded and not zero3 and accelerator.num_processes > 1
+    model = load_model(cfg, policy, accelerator.local_process_index,
+                       empty=from_rank0 and not accelerator.is_main_process)
+    trainable, total = count_parameters(model)
+    loaded = sum(p.numel() for p in model.parameters() if not p.is_meta)
+    say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
+        f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
+    if sharded and not zero3 and resume_from is not None and not saved_sharded(resume_from):
+        weights_before_sharding(model, resume_from)  # a replicated checkpoint: sharded with the model below
+    if sharded and not zero3:
+        model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
+        say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
+            + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
+    optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
+    if zero3:
+        optimizer = deepspeed_engine.host_optimizer(optimizer, cfg, policy.device)
+    scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
+    if zero3:
+        config = deepspeed_engine.engine_config(cfg, plan.micro_batch, plan.accumulation, accelerator.num_processes,
+                                                policy.precision, offload, policy.pin_memory)
+        model = deepspeed_engine.build_engine(model, optimizer, config, policy.device)
+        optimizer = model.optimizer
+        say(f"[anyfit] model partitioned by DeepSpeed ZeRO-3 over {accelerator.num_processes} process(es)"
+            + (", parameters and optimizer states in host RAM" if offload else ""))
+    elif not sharded:
+        model, optimizer = accelerator.prepare(model, optimizer)
+    return model, optimizer, scheduler, (trainable, total), loaded
+
+
 def run_steps(run: Run, say=print) -> TrainResult:
     """The loop: from ``run.start`` to ``run.steps``, or to a stop signal; then the checkpoint or final model.
 
@@ -223,7 +245,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
     result = TrainResult(run.out, run.steps)
     log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
-    on_device = skips_on_device(optimizer, run.policy.precision)  # no host sync to learn if a step was finite
+    zero3 = deepspeed_engine.is_deepspeed(model)
+    on_device = not zero3 and skips_on_device(optimizer, run.policy.precision)  # no host sync to learn if finite
     meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0)
     sampler = run.stream.batches.sampler
     steps_per_epoch = sampler.steps_per_epoch
@@ -263,8 +286,12 @@ def run_steps(run: Run, say=print) -> TrainResult:
                                                                    run.loss_fn, run.policy.device, say,
                                                                    cfg.runtime.fsdp_reduce_every_micro_batch)
             with record_function("anyfit.optimizer"):
-                grad_norm = clip_gradients(acc, model, max_norm)
-                finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision), on_device)
+                if zero3:  # DeepSpeed reduces, clips to train.max_grad_norm and skips a non-finite update itself
+                    grad_norm, finite = deepspeed_engine.step(model, loss_sum)
+                else:
+                    grad_norm = clip_gradients(acc, model, max_norm)
+                    finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision),
+                                          on_device)
                 run.scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             done = step + 1

@@ -33,6 +33,7 @@ import yaml
 from anyfit.config import Config, ConfigError
 from anyfit.runfolder import RUN_CONFIG, SHARDED_DIR
 from anyfit.training.checkpoint_read import load_weights, torch_load
+from anyfit.training.deepspeed_engine import saved_deepspeed, saved_processes
 from anyfit.training.sharding import load_sharded
 
 
@@ -41,10 +42,12 @@ def saved_sharded(directory: Path) -> bool:
     return (directory / SHARDED_DIR).is_dir()
 
 
-def check_resumable(directory: Path, cfg: Config) -> None:
+def check_resumable(directory: Path, cfg: Config, processes: int) -> None:
     """Refuse, in one line and before any work, a checkpoint this run's config cannot continue: the settings
     that decide which tensors exist (full or LoRA, the adapters' rank and targets) and the optimizer's state.
-    Everything about layout (processes, sharding, device, precision) may change."""
+    Everything about layout (processes, sharding, device, precision) may change, but for DeepSpeed ZeRO-3: its
+    checkpoints continue under ZeRO-3 on as many processes as wrote them, and it continues only its own."""
+    _check_deepspeed_layout(directory, cfg, processes)
     saved = _saved_config(directory)
     if saved is None:  # an older checkpoint without config.yaml: its files are checked when they load
         return
@@ -67,6 +70,24 @@ def check_resumable(directory: Path, cfg: Config) -> None:
         raise ConfigError(f"{where} with train.optimizer={train['optimizer']}; its state does not fit "
                           f"train.optimizer={cfg.train.optimizer}. Set train.optimizer={train['optimizer']} to "
                           "continue it, or start a new run in another train.output_dir.")
+
+
+def _check_deepspeed_layout(directory: Path, cfg: Config, processes: int) -> None:
+    where = f"train.resume: checkpoint {directory}"
+    if saved_deepspeed(directory):
+        wrote = saved_processes(directory)
+        if cfg.runtime.sharding != "deepspeed":
+            raise ConfigError(f"{where} was written by DeepSpeed ZeRO-3, which alone reads its optimizer states: set "
+                              f"runtime.sharding=deepspeed and launch {wrote} process(es) to continue it, or 'anyfit "
+                              "export' it for its weights.")
+        if wrote != processes:
+            raise ConfigError(f"{where} was written by {wrote} DeepSpeed ZeRO-3 process(es); ZeRO-3 continues it on "
+                              f"exactly as many, and this run has {processes}. Launch {wrote}.")
+    elif cfg.runtime.sharding == "deepspeed":
+        layout = "sharded (FSDP2)" if saved_sharded(directory) else "replicated"
+        raise ConfigError(f"{where} is {layout}; DeepSpeed ZeRO-3 continues only its own checkpoints. Continue it "
+                          "with runtime.sharding=fsdp or none (any process count), or start a new run in another "
+                          "train.output_dir.")
 
 
 def _saved_config(directory: Path) -> dict[str, Any] | None:

@@ -29,6 +29,7 @@ from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
 from anyfit.planning.presets import this_machine
 from anyfit.runfolder import SHARDED_DIR
+from anyfit.training.deepspeed_engine import deepspeed_refusal
 
 
 
@@ -53,6 +54,18 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def decide_sharding(cfg: Config, device: str, precision: str, processes: int) -> tuple[bool, bool, str]:
     """(shard, offload to host RAM, the reason printed with it)."""
     mode = cfg.runtime.sharding
+    if cfg.runtime.deepspeed_offload and mode != "deepspeed":
+        raise ConfigError("runtime.deepspeed_offload=true needs runtime.sharding=deepspeed (FSDP2's offload is "
+                          "runtime.fsdp_offload).")
+    if mode == "deepspeed":
+        refusal = deepspeed_refusal(cfg, device, cfg.train.micro_batch == "auto") or \
+            sharding_refusal(cfg, device, precision)
+        if refusal:
+            raise ConfigError(refusal)
+        offload = cfg.runtime.deepspeed_offload
+        return True, offload, ("sharding deepspeed: ZeRO-3 partitions weights, gradients and optimizer states over "
+                               f"{processes} process(es)" + (", offloaded to host RAM" if offload else "")
+                               + " (asked for in the config)")
     if mode == "none":
         for key in ("fsdp_offload", "fsdp_reduce_every_micro_batch"):
             if getattr(cfg.runtime, key):
@@ -181,10 +194,12 @@ def gradient_sync(accelerator, model: nn.Module, sync: bool):
 
 
 def local_numel(tensors) -> int:
-    """Elements this process holds (a DTensor counts its local shard only)."""
+    """Elements this process holds (a DTensor counts its local shard only, a DeepSpeed ZeRO-3 parameter its
+    partition)."""
     from torch.distributed.tensor import DTensor
 
-    return sum((t.to_local() if isinstance(t, DTensor) else t).numel() for t in tensors)
+    return sum(t.ds_tensor.numel() if hasattr(t, "ds_tensor") else (t.to_local() if isinstance(t, DTensor) else t).numel()
+               for t in tensors)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import torch
 from torch.profiler import record_function
 
+from anyfit.training import deepspeed_engine
+from anyfit.training.deepspeed_engine import is_deepspeed
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.sharding import gradient_sync, is_sharded
 
@@ -26,6 +28,14 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
     """
     scale = accelerator.num_processes / max(1, window_tokens)
     total = torch.zeros((), device=accelerator.device)
+    if is_deepspeed(model):  # ZeRO-3 averages over processes too, and the window ends where step() is called
+        for batch in micro_batches:
+            with record_function("anyfit.forward"):
+                loss_sum = loss_fn(model, batch)
+            with record_function("anyfit.backward"):
+                deepspeed_engine.backward(model, loss_sum * scale)
+            total += loss_sum.detach()
+        return total
     every = reduce_every and is_sharded(model)  # replicated (DDP) gradients are whole either way: no saving
     for i, batch in enumerate(micro_batches):
         # Reduce gradients on the last micro-step only: before it they just accumulate locally.

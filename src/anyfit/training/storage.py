@@ -25,8 +25,9 @@ GIB = 2**30
 def bytes_to_write(model, optimizer) -> int:
     """About what a checkpoint of ``model`` and ``optimizer`` takes on disk: the trainable weights (an adapter's
     only) and the optimizer's state tensors, whole (a sharded tensor's ``numel`` is its global size)."""
-    weights = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-    states = sum(v.numel() * v.element_size() for s in optimizer.state.values() for v in s.values()
+    # a DeepSpeed ZeRO-3 parameter is empty between uses: ds_numel is its whole size
+    weights = sum(getattr(p, "ds_numel", p.numel()) * p.element_size() for p in model.parameters() if p.requires_grad)
+    states = sum(v.numel() * v.element_size() for s in getattr(optimizer, "state", {}).values() for v in s.values()
                  if isinstance(v, torch.Tensor)) if optimizer is not None else 0
     return int((weights + states) * HEADROOM)
 

@@ -34,16 +34,16 @@ def _cfg(*overrides: str):
 ], ids=["lora-into-full", "full-into-lora", "rank", "targets", "optimizer"])
 def test_what_cannot_be_continued_is_one_line_naming_the_setting(saved, now, key, tmp_path):
     with pytest.raises(ConfigError) as e:
-        check_resumable(_checkpoint(tmp_path, *saved), _cfg(*now))
+        check_resumable(_checkpoint(tmp_path, *saved), _cfg(*now), 1)
     message = str(e.value)
     assert "\n" not in message and "checkpoint-4" in message and key in message
 
 
 def test_layout_settings_may_change(tmp_path):
     folder = _checkpoint(tmp_path, "lora.enabled=true", "runtime.sharding=fsdp", "runtime.device=cpu")
-    check_resumable(folder, _cfg("lora.enabled=true", "runtime.sharding=none", "train.micro_batch=1"))
+    check_resumable(folder, _cfg("lora.enabled=true", "runtime.sharding=none", "train.micro_batch=1"), 1)
     (folder / "config.yaml").unlink()  # an older checkpoint: its files are checked when they load
-    check_resumable(folder, _cfg())
+    check_resumable(folder, _cfg(), 1)
 
 
 def test_a_position_keyed_optimizer_state_is_keyed_by_name(tmp_path):
