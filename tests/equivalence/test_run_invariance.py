@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoModelForCausalLM
 from tiny_runs import (
     read_metrics,
-    train_variants,
     same_losses,
+    train_variants,
     write_dataset,
 )
+from transformers import AutoModelForCausalLM
 
 
 @pytest.mark.multiprocess

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,66 +13,18 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from launches import STEPS, complete_run, free_port, launch, losses, run_config
 from safetensors.torch import load_file
-from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for, write_dataset
+from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for
 
 from anyfit.training.integrity import checkpoint_problem
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
 
-STEPS = 8
-
-
-def _config(tmp_path: Path, model_dir: Path, *extra: str) -> Path:
-    data = write_dataset(tmp_path / "d.jsonl", n=24)
-    path = tmp_path / "c.yaml"
-    path.write_text(f"model: {{name_or_path: {model_dir}}}\ndata: {{path: {data}, template: plain}}\n"
-                    f"train: {{effective_batch: 8, micro_batch: 2, max_steps: {STEPS}, learning_rate: 1.0e-2, seed: 0, "
-                    "log_every: 1, save_every: 2, keep_last: 3}\n" + "".join(f"{e}\n" for e in extra))
-    return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True, restarts: int = 0):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port",
-           str(_free_port()), "--max-restarts", str(restarts), "-m", "anyfit", "train", str(cfg),
-           f"train.output_dir={out}", *overrides]
-    if procs == 1:
-        cmd = [sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *overrides]
-    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if not wait:
-        return proc
-    stdout, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 0, stderr[-4000:]
-    return stdout
-
-
-def _losses(out: Path) -> list[float]:
-    return [m["loss"] for m in read_metrics(out) if "loss" in m]
-
-
-def _complete_run(tmp_path_factory, model_dir: Path, name: str, procs: int, sharding: str) -> tuple[Path, str]:
-    """A whole run of the module's config in a folder of its own: (its output folder, its log)."""
-    tmp = tmp_path_factory.mktemp(name)
-    out = tmp / "out"
-    return out, _launch(_config(tmp, model_dir), out, procs, f"runtime.sharding={sharding}")
-
-
-@pytest.fixture(scope="module")
-def unsharded(tiny_llama_dir, tmp_path_factory) -> Path:
-    """The reference: one process, no sharding."""
-    return _complete_run(tmp_path_factory, tiny_llama_dir, "unsharded", 1, "none")[0]
-
-
 @pytest.fixture(scope="module")
 def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     """A complete sharded run on four processes (its checkpoints are resumed on other layouts below)."""
-    out, log = _complete_run(tmp_path_factory, tiny_llama_dir, "four", 4, "fsdp")
+    out, log = complete_run(tmp_path_factory, tiny_llama_dir, "four", 4, "fsdp")
     assert "sharding fsdp: asked for in the config" in log
     return out
 
@@ -81,7 +32,7 @@ def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def two_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     """A complete sharded run on two processes (also the uninterrupted reference of the restart test)."""
-    return _complete_run(tmp_path_factory, tiny_llama_dir, "two", 2, "fsdp")[0]
+    return complete_run(tmp_path_factory, tiny_llama_dir, "two", 2, "fsdp")[0]
 
 
 @pytest.mark.parametrize("procs", [2, 4])
@@ -97,7 +48,7 @@ def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharde
     # the model was read once: process 0 read it, the others built it on the meta device and received shards
     assert held["loaded_parameters"] == [total] + [0] * (procs - 1)
     # fp32 sums over a different split of the reductions: the same run to round-off
-    assert _losses(out) == pytest.approx(_losses(unsharded), rel=2e-4)
+    assert losses(out) == pytest.approx(losses(unsharded), rel=2e-4)
     a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
     assert a.keys() == b.keys()
     for k in a:
@@ -111,7 +62,7 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
     # with a validation loss on the way: its no-grad forwards must not leave gathered weights behind
     lora = ("lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}")
-    _launch(_config(tmp_path, tiny_llama_dir, *lora), out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
     info = json.loads((out / "run_info.json").read_text())
     for params in info["held_per_process"]["parameters"]:
         assert abs(params - info["parameters"]["total"] / 2) <= 0.02 * info["parameters"]["total"]
@@ -129,9 +80,9 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     again = tmp_path / "again"
     again.mkdir()
     shutil.copytree(out / "checkpoint-2", again / "checkpoint-2")
-    _launch(_config(tmp_path, tiny_llama_dir, *lora), again, 2, "runtime.sharding=none", "train.max_steps=4",
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), again, 2, "runtime.sharding=none", "train.max_steps=4",
             "train.resume=auto")
-    assert _losses(again) == pytest.approx([m["loss"] for m in read_metrics(out) if "loss" in m][2:], rel=2e-4)
+    assert losses(again) == pytest.approx([m["loss"] for m in read_metrics(out) if "loss" in m][2:], rel=2e-4)
     # and exports as an adapter without the two processes that wrote it
     from anyfit.export.folder import export
 
@@ -143,7 +94,7 @@ def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identic
     """torchrun --max-restarts 1, one worker SIGKILLed mid-run: torchrun restarts both, they resume from the newest
     complete checkpoint with nobody setting train.resume, and the run ends as the uninterrupted one did."""
     killed = tmp_path / "killed"
-    job = _launch(_config(tmp_path, tiny_llama_dir), killed, 2, "runtime.sharding=fsdp", wait=False, restarts=1)
+    job = launch(run_config(tmp_path, tiny_llama_dir), killed, 2, "runtime.sharding=fsdp", wait=False, restarts=1)
     try:
         # at the first checkpoint: six steps still to go, so the kill lands mid-run however fast the machine
         wait_for(lambda: (killed / "checkpoint-2" / "trainer_state.json").exists(), job, timeout=300)
@@ -173,9 +124,9 @@ def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded,
     out = tmp_path / "out"
     out.mkdir()
     shutil.copytree((four_processes if written == "four" else unsharded) / "checkpoint-4", out / "checkpoint-4")
-    log = _launch(_config(tmp_path, tiny_llama_dir), out, procs, f"runtime.sharding={sharding}", "train.resume=auto")
+    log = launch(run_config(tmp_path, tiny_llama_dir), out, procs, f"runtime.sharding={sharding}", "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
-    assert _losses(out) == pytest.approx(_losses(unsharded)[4:], rel=2e-4)
+    assert losses(out) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
     a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
@@ -201,8 +152,8 @@ def test_a_sharded_checkpoint_exports_without_the_processes_that_wrote_it(unshar
 
 def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tmp_path):
     """torchrun --nnodes 2: two 'machines' of one process each, rendezvous on 127.0.0.1."""
-    cfg = _config(tmp_path, tiny_llama_dir)
-    out, port = tmp_path / "out", _free_port()
+    cfg = run_config(tmp_path, tiny_llama_dir)
+    out, port = tmp_path / "out", free_port()
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
                                "--nproc_per_node", "1", "--rdzv-backend", "static", "--master_addr", "127.0.0.1",
                                "--master_port", str(port), "-m", "anyfit", "train", str(cfg),
@@ -213,4 +164,4 @@ def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tm
         assert node.returncode == 0, err[-3000:]
     info = json.loads((out / "run_info.json").read_text())
     assert info["batch"]["processes"] == 2
-    assert _losses(out) == pytest.approx(_losses(unsharded), rel=2e-4)
+    assert losses(out) == pytest.approx(losses(unsharded), rel=2e-4)

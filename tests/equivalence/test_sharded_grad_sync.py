@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_sharded import _config, _free_port, _launch, _losses
+from launches import free_port, launch, losses, run_config
 from tiny_runs import ENV
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
@@ -57,7 +57,7 @@ def _probe(tmp_path: Path, model_dir: Path) -> dict:
     script = tmp_path / "probe.py"
     script.write_text(_PROBE)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                           str(_free_port()), str(script), str(model_dir)], env=ENV, capture_output=True, text=True,
+                           str(free_port()), str(script), str(model_dir)], env=ENV, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("PROBE ")]
@@ -78,12 +78,12 @@ def test_only_gradient_shards_persist_between_micro_batches(tiny_llama_dir, tmp_
 def test_losses_equal_with_one_reduce_scatter_per_window_or_per_micro_batch(tiny_llama_dir, tmp_path):
     # effective batch 8 = micro-batch 2 x accumulation 2 x 2 processes; 4 steps (each step's gradient is compared
     # through the next step's loss)
-    cfg = _config(tmp_path, tiny_llama_dir)
+    cfg = run_config(tmp_path, tiny_llama_dir)
     short = ("runtime.sharding=fsdp", "train.max_steps=4", "train.save_every=0")
     window, every = tmp_path / "window", tmp_path / "every"
-    _launch(cfg, window, 2, *short)
-    log = _launch(cfg, every, 2, *short, "runtime.fsdp_reduce_every_micro_batch=true")
+    launch(cfg, window, 2, *short)
+    log = launch(cfg, every, 2, *short, "runtime.fsdp_reduce_every_micro_batch=true")
     assert "gradients reduce-scattered after every micro-batch" in log
     # The same gradient summed in another order (each micro-batch's mean over processes, then the sum, instead of
     # the sum, then the mean): fp32 round-off, the sharded runs' tolerance (tests/equivalence/test_sharded.py).
-    assert _losses(every) == pytest.approx(_losses(window), rel=2e-4)
+    assert losses(every) == pytest.approx(losses(window), rel=2e-4)

@@ -11,9 +11,9 @@ from anyfit.config import ConfigError
 from anyfit.runfolder import (
     LOCK,
     RunLock,
-    follow_umask,
     checkpoint_dirs,
     checkpoint_step,
+    follow_umask,
     read_metrics,
     read_run_info,
     run_of,

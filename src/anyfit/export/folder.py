@@ -24,8 +24,8 @@ from anyfit.export.gguf_check import check_gguf, reference_outputs
 from anyfit.export.gguf_writer import write_gguf
 from anyfit.export.push import push_folder
 from anyfit.export.request import DTYPES, ExportRequest, check_request
-from anyfit.export.sharded import gather_sharded_checkpoint
 from anyfit.export.result import ExportResult
+from anyfit.export.sharded import gather_sharded_checkpoint
 from anyfit.model.loading import load_for_inference
 from anyfit.runfolder import RUN_CONFIG, follow_umask
 

@@ -15,8 +15,8 @@ from anyfit.export.errors import ExportError
 from anyfit.export.gguf_support import check_gguf_support, parse_gguf_types
 from anyfit.export.local_files import local_json
 from anyfit.export.push import check_push
-from anyfit.export.sharded import needs_gathering, sharded_location
 from anyfit.export.run_files import RunFiles
+from anyfit.export.sharded import needs_gathering, sharded_location
 from anyfit.model.source import ModelLocation, locate_model
 from anyfit.runfolder import checkpoint_dirs, has_final_model, run_config_path
 

@@ -28,15 +28,15 @@ from anyfit.runfolder import (
     checkpoint_step,
     follow_umask,
 )
+from anyfit.training import deepspeed_engine
 from anyfit.training.checkpoint_read import damaged, load_weights, torch_load
+from anyfit.training.deepspeed_engine import is_deepspeed
 from anyfit.training.integrity import STATE, checkpoint_problem, write_manifest
 from anyfit.training.relayout import (
     load_replicated_optimizer_into_sharded,
     load_sharded_into_replicated,
     saved_sharded,
 )
-from anyfit.training import deepspeed_engine
-from anyfit.training.deepspeed_engine import is_deepspeed
 from anyfit.training.sharding import full_state_dict, is_sharded, load_sharded, save_sharded
 from anyfit.training.storage import (
     agreed,

@@ -32,7 +32,6 @@ from anyfit.runfolder import SHARDED_DIR
 from anyfit.training.deepspeed_engine import deepspeed_refusal
 
 
-
 def is_sharded(model: nn.Module) -> bool:
     from torch.distributed.fsdp import FSDPModule
 

@@ -9,7 +9,6 @@ DeepSpeed is installed, or that anyfit's training loop runs under it.
 
 from __future__ import annotations
 
-
 import pytest
 from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
 from accelerate.utils import DistributedType
@@ -43,9 +42,9 @@ def test_the_launch_environment_asks_for_zero_3_and_training_refuses_it(monkeypa
     from transformers import AutoConfig
 
     from anyfit.config import load_config
+    from anyfit.model.shape import shape_from_config
     from anyfit.planning.ladder import recommend_sharding
     from anyfit.planning.presets import custom_target
-    from anyfit.model.shape import shape_from_config
 
     args = launch_command_parser().parse_args(
         ["--config_file", str(CONFIG), "--num_processes", "2", "--main_process_port", "0", "-m", "anyfit", "train",

@@ -8,7 +8,6 @@ first run.
 
 from __future__ import annotations
 
-
 import pytest
 
 from anyfit.config import load_config

@@ -15,8 +15,8 @@ from anyfit.evaluation.inference import (
     select_backend,
 )
 from anyfit.model.loading import load_for_inference
-from anyfit.model.source import locate_model
 from anyfit.model.shape import kv_cache_bytes, shape_from_config
+from anyfit.model.source import locate_model
 
 PROMPTS = [
     "What is 59 + 63?",

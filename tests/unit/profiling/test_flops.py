@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from anyfit.data.batching import collate

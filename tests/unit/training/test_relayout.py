@@ -46,6 +46,36 @@ def test_layout_settings_may_change(tmp_path):
     check_resumable(folder, _cfg(), 1)
 
 
+def _deepspeed_checkpoint(tmp_path: Path, processes: int) -> Path:
+    folder = _checkpoint(tmp_path, "runtime.sharding=deepspeed", "train.micro_batch=1")
+    state = folder / "deepspeed" / "state"
+    state.mkdir(parents=True)
+    for rank in range(processes):  # the file names DeepSpeed ZeRO-3 writes, one per process
+        (state / f"zero_pp_rank_{rank}_mp_rank_00_model_states.pt").write_bytes(b"")
+    return folder
+
+
+@pytest.mark.parametrize("sharding, processes, key", [
+    ("none", 2, "runtime.sharding=deepspeed"), ("fsdp", 2, "runtime.sharding=deepspeed"),
+    ("deepspeed", 4, "Launch 2"),
+], ids=["zero3-into-ddp", "zero3-into-fsdp", "zero3-on-4-of-2"])
+def test_a_deepspeed_checkpoint_continues_under_zero3_on_as_many_processes(sharding, processes, key, tmp_path):
+    folder = _deepspeed_checkpoint(tmp_path, 2)
+    with pytest.raises(ConfigError) as e:
+        check_resumable(folder, _cfg(f"runtime.sharding={sharding}", "train.micro_batch=1"), processes)
+    assert "\n" not in str(e.value) and key in str(e.value)
+    check_resumable(folder, _cfg("runtime.sharding=deepspeed", "train.micro_batch=1"), 2)
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["replicated", "fsdp"])
+def test_zero3_continues_only_its_own_checkpoints(sharded, tmp_path):
+    folder = _checkpoint(tmp_path)
+    if sharded:
+        (folder / "sharded").mkdir()
+    with pytest.raises(ConfigError, match="runtime.sharding=fsdp or none"):
+        check_resumable(folder, _cfg("runtime.sharding=deepspeed", "train.micro_batch=1"), 2)
+
+
 def test_a_position_keyed_optimizer_state_is_keyed_by_name(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.LayerNorm(2))
     decay = [model[0].weight]

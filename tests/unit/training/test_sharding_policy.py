@@ -29,7 +29,22 @@ def test_asked_for_or_not():
     (["runtime.sharding=fsdp", "train.optimizer=adamw_8bit"], "cuda", "bf16", "adamw_8bit"),
     (["runtime.sharding=fsdp", "eval.generate_at_end=true", "eval.holdout=4"], "cpu", "fp32", "anyfit eval"),
     (["runtime.sharding=none", "runtime.fsdp_offload=true"], "cuda", "bf16", "runtime.sharding=fsdp"),
+    (["runtime.sharding=fsdp", "runtime.deepspeed_offload=true"], "cuda", "bf16", "runtime.sharding=deepspeed"),
+    (["runtime.sharding=deepspeed", "train.micro_batch=auto"], "cpu", "fp32", "train.micro_batch to a number"),  # auto: fixed at build time
+    (["runtime.sharding=deepspeed", "train.micro_batch=1", "runtime.compile=true"], "cuda", "bf16", "compile"),
+    (["runtime.sharding=deepspeed", "train.micro_batch=1", "runtime.fsdp_offload=true"], "cuda", "bf16",
+     "runtime.deepspeed_offload"),
+    (["runtime.sharding=deepspeed", "train.micro_batch=1"], "mps", "fp32", "cuda or cpu"),
+    (["runtime.sharding=deepspeed", "train.micro_batch=1"], "cuda", "fp16", "fp16"),
+    (["runtime.sharding=deepspeed", "train.micro_batch=1", "train.optimizer=adafactor"], "cpu", "fp32", "adafactor"),
 ])
 def test_refused_combinations_say_what_to_do(items, device, precision, needle):
     with pytest.raises(ConfigError, match=needle):
         decide_sharding(_cfg(*items), device, precision, 2)
+
+
+def test_deepspeed_is_zero3_with_its_offload_when_asked():
+    pytest.importorskip("deepspeed")
+    shard, offload, why = decide_sharding(_cfg("runtime.sharding=deepspeed", "train.micro_batch=1",
+                                               "runtime.deepspeed_offload=true"), "cuda", "bf16", 8)
+    assert (shard, offload) == (True, True) and "ZeRO-3" in why and "host RAM" in why

@@ -1,0 +1,14 @@
+"""Fixtures of the equivalence tests that several modules compare against."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from launches import complete_run
+
+
+@pytest.fixture(scope="session")
+def unsharded(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The reference of the multi-process tests: the tiny run on one process, no sharding."""
+    return complete_run(tmp_path_factory, tiny_llama_dir, "unsharded", 1, "none")[0]

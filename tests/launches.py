@@ -1,0 +1,53 @@
+"""Launches of the tiny run with real processes (torchrun over gloo, or one process), shared by the sharded,
+DeepSpeed and gradient-sync equivalence tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from tiny_runs import ENV, read_metrics, write_dataset
+
+STEPS = 8
+
+
+def run_config(tmp_path: Path, model_dir: Path, *extra: str) -> Path:
+    data = write_dataset(tmp_path / "d.jsonl", n=24)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"model: {{name_or_path: {model_dir}}}\ndata: {{path: {data}, template: plain}}\n"
+                    f"train: {{effective_batch: 8, micro_batch: 2, max_steps: {STEPS}, learning_rate: 1.0e-2, seed: 0, "
+                    "log_every: 1, save_every: 2, keep_last: 3}\n" + "".join(f"{e}\n" for e in extra))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True, restarts: int = 0):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_port",
+           str(free_port()), "--max-restarts", str(restarts), "-m", "anyfit", "train", str(cfg),
+           f"train.output_dir={out}", *overrides]
+    if procs == 1:
+        cmd = [sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}", *overrides]
+    proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return proc
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-4000:]
+    return stdout
+
+
+def losses(out: Path) -> list[float]:
+    return [m["loss"] for m in read_metrics(out) if "loss" in m]
+
+
+def complete_run(tmp_path_factory, model_dir: Path, name: str, procs: int, sharding: str) -> tuple[Path, str]:
+    """A whole run of the module's config in a folder of its own: (its output folder, its log)."""
+    tmp = tmp_path_factory.mktemp(name)
+    out = tmp / "out"
+    return out, launch(run_config(tmp, model_dir), out, procs, f"runtime.sharding={sharding}")
