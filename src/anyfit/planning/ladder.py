@@ -194,12 +194,19 @@ class _Planner:
         self.optimizer = optimizer
         self.ckpt = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
         sharding = cfg.runtime.sharding
-        if cfg.runtime.fsdp_offload and sharding != "none" and self.cuda:
+        self.reduce = cfg.runtime.fsdp_reduce_every_micro_batch  # configured: kept; else the ladder may add it
+        if sharding == "deepspeed":
+            # ZeRO-3 holds what FSDP2's full shard holds (1/N of weights, gradients and states, a layer gathered at
+            # a time) and reduce-scatters every micro-batch; its offload keeps them in host RAM as FSDP2's does
+            sharding = "offload" if cfg.runtime.deepspeed_offload and self.cuda else "fsdp"
+            self.reduce = True
+            self.notes.append("DeepSpeed ZeRO-3 planned as FSDP2's full shard (the same partitions"
+                              + (", offloaded to host RAM)" if sharding == "offload" else ")"))
+        elif cfg.runtime.fsdp_offload and sharding != "none" and self.cuda:
             sharding = "offload"
         elif cfg.runtime.fsdp_offload:
             self.notes.append("runtime.fsdp_offload needs CUDA and sharding; planned without it")
         self.sharding_mode = sharding  # auto | none | fsdp | offload
-        self.reduce = cfg.runtime.fsdp_reduce_every_micro_batch  # configured: kept; else the ladder may add it
 
     def precision(self, method: str) -> str:
         precision, notes = _precision(self.cfg, self.target, qlora=method == "qlora")
@@ -397,6 +404,10 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                     alternatives.append(f"or keep {p.method} fine-tuning on {gpus} GPUs of this kind: "
                                         f"{text.removeprefix('needs ')}{extra}")
                 break
+    if chosen is not None and chosen[1].offload:  # the seeds' ZeRO-3 + CPU offload: the same memory, through DeepSpeed
+        alternatives.append(f"or DeepSpeed ZeRO-3 + CPU offload, the same partitions in host RAM: "
+                            f"runtime.sharding=deepspeed runtime.deepspeed_offload=true "
+                            f"train.micro_batch={chosen[1].micro_batch}")
     if chosen is not None and chosen[1].offload and chosen[0].tier[0] == 0:
         lora = p.best([o for o in p.options("lora", 1, procs) if o.sharding == "none"]) if p.method == "full" else None
         if lora:
@@ -404,8 +415,8 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                                 f"{duration_text(100 * p.seconds(lora[1]))} per 100 steps")
     for option, host in p.host_short.items():
         if option.sharding == "offload" and (chosen is None or not chosen[1].offload):
-            p.notes.append(f"CPU offload would fit the GPU memory but needs {host / GIB:.0f} GiB of host RAM "
-                           f"(budget {p.host_budget / GIB:.0f} GiB)")
+            p.notes.append(f"CPU offload (FSDP2 or DeepSpeed ZeRO-3) would fit the GPU memory but needs "
+                           f"{host / GIB:.0f} GiB of host RAM (budget {p.host_budget / GIB:.0f} GiB)")
             break
 
     steps_per_epoch = None

@@ -540,13 +540,22 @@ def test_7b_on_one_gpu_offload_fits_the_device_but_needs_host_ram():
     # A one-A100 instance with 85 GB of RAM: offload would fit the GPU, not the host: LoRA, and it says why.
     small_host = plan_target(cfg, shape, PRESETS["a100-40"])
     assert small_host.setup.method == "lora" and not small_host.setup.offload
-    assert any("CPU offload would fit the GPU memory but needs 100 GiB of host RAM" in n for n in small_host.notes)
+    assert any("CPU offload (FSDP2 or DeepSpeed ZeRO-3) would fit the GPU memory but needs 100 GiB of host RAM" in n
+               for n in small_host.notes)
     # The same GPU with 256 GiB of RAM keeps full fine-tuning with offload.
     big_host = plan_target(cfg, shape, dataclasses.replace(PRESETS["a100-40"], host_memory_gib=256))
     assert big_host.verdict.startswith("needs CPU offload") and big_host.setup.offload
     assert big_host.memory.weights == big_host.memory.optimizer == 0 and big_host.memory.peak <= big_host.budget_bytes
     assert 100 * GIB < big_host.memory.host <= big_host.host_budget_bytes
     assert big_host.as_dict()["memory"]["host_gib"] > 100 and big_host.as_dict()["setup"]["fsdp_offload"]
+    # the seeds' "ZeRO-3 + CPU offload" is named beside it, with the keys that select it
+    assert any("DeepSpeed ZeRO-3 + CPU offload" in n and "runtime.sharding=deepspeed runtime.deepspeed_offload=true"
+               in n for n in big_host.alternatives)
+    # and a config that asks for it is planned as the same partitions in host RAM
+    zero3 = plan_target(seven_b_config("runtime.sharding=deepspeed", "runtime.deepspeed_offload=true"), shape,
+                        dataclasses.replace(PRESETS["a100-40"], host_memory_gib=256))
+    assert zero3.setup.offload and zero3.memory.host == big_host.memory.host
+    assert any("DeepSpeed ZeRO-3 planned as FSDP2's full shard" in n for n in zero3.notes)
 
 
 def test_the_cheapest_saver_that_fits_is_chosen():
