@@ -25,7 +25,7 @@ WHEEL="$(ls "$WORK"/dist/anyfit-*.whl)"
 "$PY" - "$WHEEL" <<'EOF'
 import sys, zipfile
 names = set(zipfile.ZipFile(sys.argv[1]).namelist())
-need = {"anyfit/configs/smollm2-lora-chat.yaml", "anyfit/configs/accelerate/deepspeed_zero3.yaml", "anyfit/cli/__init__.py"}
+need = {"anyfit/configs/smollm2-lora-chat.yaml", "anyfit/configs/qwen2.5-0.5b-gsm8k-qlora.yaml", "anyfit/cli/__init__.py"}
 missing = need - names
 assert not missing, f"the wheel lacks {sorted(missing)}"
 print(f"wheel check: {sys.argv[1]} holds {len(names)} files, the shipped configs among them")

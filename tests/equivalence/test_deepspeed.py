@@ -72,6 +72,25 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, t
         assert torch.equal(a[k], b[k]), k
 
 
+def test_a_zero3_checkpoint_exports_without_the_processes_that_wrote_it(zero3_two, unsharded, tmp_path):
+    """anyfit export of a checkpoint two ZeRO-3 processes wrote: DeepSpeed's zero_to_fp32 joins the partitions in
+    one process (the replicated run's weights of that step), and the export goes on from there."""
+    from anyfit.export.folder import export
+    from anyfit.training.integrity import checkpoint_problem
+
+    checkpoint = tmp_path / "run" / "checkpoint-4"
+    shutil.copytree(zero3_two[0] / "checkpoint-4", checkpoint)
+    said: list[str] = []
+    result = export(checkpoint, tmp_path / "exported", dtype="fp32", echo=said.append)
+    assert any("gathered the sharded checkpoint" in line for line in said)
+    replicated = load_file(unsharded / "checkpoint-4" / "model.safetensors")
+    gathered = load_file(result.out / "model.safetensors")
+    assert gathered.keys() == replicated.keys()
+    for k in replicated:
+        torch.testing.assert_close(gathered[k], replicated[k], rtol=1e-3, atol=2e-5)
+    assert checkpoint_problem(checkpoint) is None  # still a checkpoint that resumes
+
+
 # One process with ZeRO-3 offload and LoRA; the third window's loss is made NaN (the loss function is the hook:
 # it is called once per micro-batch, four per window here).
 _NAN_WINDOW = """

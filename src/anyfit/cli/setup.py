@@ -66,7 +66,7 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("configs", help="List the configs shipped with anyfit; print one (to copy and edit) or its path.")
-    p.add_argument("name", nargs="?", help="A shipped config's name, e.g. smollm2-lora-chat or accelerate/deepspeed_zero3.")
+    p.add_argument("name", nargs="?", help="A shipped config's name, e.g. smollm2-lora-chat.")
     p.add_argument("--path", action="store_true", help="Print the file's path instead of its text "
                                                         "(for accelerate launch --config_file).")
     p.set_defaults(func=cmd_configs)

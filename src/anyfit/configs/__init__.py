@@ -2,8 +2,7 @@
 
 ``anyfit train smollm2-lora-chat`` takes the shipped ``smollm2-lora-chat.yaml`` when no file of that name
 exists; ``anyfit configs`` lists them, ``anyfit configs NAME`` prints one (to copy and edit), and
-``anyfit configs --path NAME`` prints where it lies (for ``accelerate launch --config_file``).
-Accelerate's own config files live under ``accelerate/`` and are named ``accelerate/NAME``.
+``anyfit configs --path NAME`` prints where it lies.
 """
 
 from __future__ import annotations

@@ -276,16 +276,16 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, tracker
 def deepspeed_launch_refusal(environ=os.environ) -> str:
     """Why a launch through a DeepSpeed ``accelerate config`` is refused ('' for any other launch).
 
-    anyfit's loop does not drive DeepSpeed's engine: on CPU Accelerate drops DeepSpeed and the run would train
-    as plain DDP while the config says ZeRO-3; on CUDA the engine would take over the accumulation, the loss
-    scaling and the clipping anyfit does itself. Refused rather than half-run (FSDP2 covers ZeRO-3's sharding
-    and offload through anyfit's own loop)."""
+    anyfit drives DeepSpeed's engine itself (``runtime.sharding: deepspeed``); through Accelerate's plugin the
+    engine would not be anyfit's: on CPU Accelerate drops DeepSpeed and the run would train as plain DDP while the
+    config says ZeRO-3, and on CUDA the plugin would take over the accumulation, loss scaling and clipping anyfit
+    does itself."""
     if environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() not in ("true", "1"):
         return ""
-    return ("launched with a DeepSpeed accelerate config: anyfit's training loop does not drive DeepSpeed yet (on "
-            "CPU Accelerate would drop it and train unsharded; on CUDA its engine would replace anyfit's "
-            "accumulation, loss scaling and clipping). For ZeRO-3's sharding use runtime.sharding=fsdp, and "
-            "runtime.fsdp_offload=true for its CPU offload, launched with torchrun or a plain accelerate launch.")
+    return ("launched with a DeepSpeed accelerate config: anyfit builds DeepSpeed's engine itself, so that its "
+            "accumulation, loss scaling and clipping stay anyfit's. Set runtime.sharding=deepspeed (and "
+            "runtime.deepspeed_offload=true for ZeRO-3's CPU offload) and launch with torchrun or a plain "
+            "accelerate launch.")
 
 
 def apply_policy(policy: RuntimePolicy) -> None:

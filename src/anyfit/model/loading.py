@@ -200,3 +200,11 @@ def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str
     model.eval()
     model.requires_grad_(False)
     return model, tok
+
+
+def shared_parameter_names(model: torch.nn.Module) -> list[list[str]]:
+    """The names of each parameter reachable under more than one name (tied embeddings), first name first."""
+    names: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    return [shared for shared in names.values() if len(shared) > 1]

@@ -55,7 +55,8 @@ def deepspeed_refusal(cfg: Config, device: str, micro_batch_auto: bool) -> str:
                 "engine is built, before anything can be measured. Set train.micro_batch to a number ('anyfit plan' "
                 "suggests one).")
     if cfg.runtime.compile:
-        return "runtime.compile=true with runtime.sharding=deepspeed is not supported by anyfit: set runtime.compile=false."
+        return ("runtime.compile=true with runtime.sharding=deepspeed is not supported by anyfit: set "
+                "runtime.compile=false.")
     if cfg.runtime.fsdp_offload or cfg.runtime.fsdp_reduce_every_micro_batch:
         return ("runtime.fsdp_* settings are FSDP2's: with runtime.sharding=deepspeed use runtime.deepspeed_offload "
                 "(ZeRO-3 reduce-scatters every micro-batch already).")

@@ -25,6 +25,7 @@ from torch import nn
 from anyfit.config import Config, ConfigError
 from anyfit.hardware.memory import keep_host_heap_small, release_cached
 from anyfit.hardware.runtime import sharding_refusal
+from anyfit.model.loading import shared_parameter_names
 from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
 from anyfit.planning.presets import this_machine
@@ -135,7 +136,7 @@ def _empty_out(model: nn.Module) -> tuple[dict[str, torch.Tensor], list[tuple[nn
     full = model.state_dict() if dist.get_rank() == 0 else {}
     buffers = [(module, name, buf) for module in model.modules() for name, buf in module._buffers.items()
                if buf is not None and name in module._non_persistent_buffers_set]
-    tied = _shared_parameters(model)
+    tied = shared_parameter_names(model)
     model.to("meta")
     _tie(model, tied)  # to() gives each module its own new parameter: tied embeddings would come apart
     return full, buffers
@@ -166,14 +167,6 @@ def _tie(model: nn.Module, shared: list[list[str]]) -> None:
             setattr(model.get_submodule(owner), leaf, param)
 
 
-def _shared_parameters(model: nn.Module) -> list[list[str]]:
-    """The names of each parameter that is reachable under more than one name (tied embeddings)."""
-    names: dict[int, list[str]] = {}
-    for name, param in model.named_parameters(remove_duplicate=False):
-        names.setdefault(id(param), []).append(name)
-    return [shared for shared in names.values() if len(shared) > 1]
-
-
 @contextlib.contextmanager
 def gradient_sync(accelerator, model: nn.Module, sync: bool):
     """Reduce gradients across processes in this backward or not. DDP: Accelerate's ``no_sync``; FSDP2:
@@ -197,8 +190,10 @@ def local_numel(tensors) -> int:
     partition)."""
     from torch.distributed.tensor import DTensor
 
-    return sum(t.ds_tensor.numel() if hasattr(t, "ds_tensor") else (t.to_local() if isinstance(t, DTensor) else t).numel()
-               for t in tensors)
+    def held(t):
+        return t.ds_tensor if hasattr(t, "ds_tensor") else t.to_local() if isinstance(t, DTensor) else t
+
+    return sum(held(t).numel() for t in tensors)
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -209,7 +204,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     # Gathered, tied weights (an output head sharing the embedding) come back as separate tensors; keep the
     # first name of each shared parameter so the folder is the one save_pretrained writes unsharded.
-    for shared in _shared_parameters(model):
+    for shared in shared_parameter_names(model):
         for name in shared[1:]:
             state.pop(name, None)
     return state

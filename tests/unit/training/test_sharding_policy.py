@@ -30,7 +30,8 @@ def test_asked_for_or_not():
     (["runtime.sharding=fsdp", "eval.generate_at_end=true", "eval.holdout=4"], "cpu", "fp32", "anyfit eval"),
     (["runtime.sharding=none", "runtime.fsdp_offload=true"], "cuda", "bf16", "runtime.sharding=fsdp"),
     (["runtime.sharding=fsdp", "runtime.deepspeed_offload=true"], "cuda", "bf16", "runtime.sharding=deepspeed"),
-    (["runtime.sharding=deepspeed", "train.micro_batch=auto"], "cpu", "fp32", "train.micro_batch to a number"),  # auto: fixed at build time
+    # auto: DeepSpeed fixes the micro-batch when the engine is built
+    (["runtime.sharding=deepspeed", "train.micro_batch=auto"], "cpu", "fp32", "train.micro_batch to a number"),
     (["runtime.sharding=deepspeed", "train.micro_batch=1", "runtime.compile=true"], "cuda", "bf16", "compile"),
     (["runtime.sharding=deepspeed", "train.micro_batch=1", "runtime.fsdp_offload=true"], "cuda", "bf16",
      "runtime.deepspeed_offload"),
