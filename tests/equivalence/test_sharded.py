@@ -29,12 +29,6 @@ def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
-def two_processes(tiny_llama_dir, tmp_path_factory) -> Path:
-    """A complete sharded run on two processes (also the uninterrupted reference of the restart test)."""
-    return complete_run(tmp_path_factory, tiny_llama_dir, "two", 2, "fsdp")[0]
-
-
 @pytest.mark.parametrize("procs", [2, 4])
 def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharded, two_processes, four_processes):
     out = two_processes if procs == 2 else four_processes

@@ -75,15 +75,13 @@ def test_only_gradient_shards_persist_between_micro_batches(tiny_llama_dir, tmp_
     assert off[1] == {"params_with_grad": 0, "grad_elements": 0}
 
 
-def test_losses_equal_with_one_reduce_scatter_per_window_or_per_micro_batch(tiny_llama_dir, tmp_path):
-    # effective batch 8 = micro-batch 2 x accumulation 2 x 2 processes; 4 steps (each step's gradient is compared
-    # through the next step's loss)
-    cfg = run_config(tmp_path, tiny_llama_dir)
-    short = ("runtime.sharding=fsdp", "train.max_steps=4", "train.save_every=0")
-    window, every = tmp_path / "window", tmp_path / "every"
-    launch(cfg, window, 2, *short)
-    log = launch(cfg, every, 2, *short, "runtime.fsdp_reduce_every_micro_batch=true")
+def test_losses_equal_with_one_reduce_scatter_per_window_or_per_micro_batch(two_processes, tiny_llama_dir, tmp_path):
+    # effective batch 8 = micro-batch 2 x accumulation 2 x 2 processes (each step's gradient is compared through the
+    # next step's loss); the reference is the shared two-process FSDP2 run, one reduce-scatter per window
+    every = tmp_path / "every"
+    log = launch(run_config(tmp_path, tiny_llama_dir), every, 2, "runtime.sharding=fsdp", "train.save_every=0",
+                 "runtime.fsdp_reduce_every_micro_batch=true")
     assert "gradients reduce-scattered after every micro-batch" in log
     # The same gradient summed in another order (each micro-batch's mean over processes, then the sum, instead of
     # the sum, then the mean): fp32 round-off, the sharded runs' tolerance (tests/equivalence/test_sharded.py).
-    assert losses(every) == pytest.approx(losses(window), rel=2e-4)
+    assert losses(every) == pytest.approx(losses(two_processes), rel=2e-4)

@@ -37,9 +37,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
     assert len(ckpts) == 1
     stopped_at = int(ckpts[0].name.split("-")[1])
     assert 3 <= stopped_at < STEPS and metric_steps(out)[-1] == stopped_at
-    # a plain restart into the same folder is refused; resuming finishes the run
-    again = start_train(cfg, out)
-    assert again.wait(timeout=60) == 2 and "already holds a run" in again.stderr.read()
+    # resuming finishes the run (a plain restart into the folder is refused: tests/integration/test_bad_input.py)
     done = start_train(cfg, out, "train.resume=auto", "train.save_every=0")
     assert done.wait(timeout=300) == 0
     assert metric_steps(out) == list(range(1, STEPS + 1))
