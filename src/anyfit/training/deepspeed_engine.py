@@ -43,11 +43,9 @@ def is_deepspeed(model) -> bool:
 
 
 def deepspeed_refusal(cfg: Config, device: str, micro_batch_auto: bool) -> str:
-    """Why this run cannot use ``runtime.sharding=deepspeed`` ('' when it can); the rules FSDP2 shares
-    (QLoRA, Adafactor, 8-bit optimizers, fp16, generation during training) are checked by the caller."""
-    if importlib.util.find_spec("deepspeed") is None:  # not imported here: that takes seconds
-        return ("runtime.sharding=deepspeed needs DeepSpeed: pip install 'anyfit[deepspeed]' (or use "
-                "runtime.sharding=fsdp, PyTorch's own sharding, with runtime.fsdp_offload=true for CPU offload).")
+    """Why this run's config cannot use ``runtime.sharding=deepspeed`` ('' when it can); the rules FSDP2 shares
+    (QLoRA, Adafactor, 8-bit optimizers, fp16, generation during training) and whether DeepSpeed is installed
+    (``deepspeed_missing``) are checked by the caller, in that order."""
     if device not in ("cuda", "cpu"):
         return f"runtime.sharding=deepspeed runs on cuda or cpu, not {device}."
     if micro_batch_auto:
@@ -60,6 +58,14 @@ def deepspeed_refusal(cfg: Config, device: str, micro_batch_auto: bool) -> str:
     if cfg.runtime.fsdp_offload or cfg.runtime.fsdp_reduce_every_micro_batch:
         return ("runtime.fsdp_* settings are FSDP2's: with runtime.sharding=deepspeed use runtime.deepspeed_offload "
                 "(ZeRO-3 reduce-scatters every micro-batch already).")
+    return ""
+
+
+def deepspeed_missing() -> str:
+    """Why DeepSpeed cannot be used here ('' when it is installed; not imported here: that takes seconds)."""
+    if importlib.util.find_spec("deepspeed") is None:
+        return ("runtime.sharding=deepspeed needs DeepSpeed: pip install 'anyfit[deepspeed]' (or use "
+                "runtime.sharding=fsdp, PyTorch's own sharding, with runtime.fsdp_offload=true for CPU offload).")
     return ""
 
 

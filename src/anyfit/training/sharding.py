@@ -30,7 +30,7 @@ from anyfit.model.shape import model_shape
 from anyfit.planning.ladder import recommend_sharding
 from anyfit.planning.presets import this_machine
 from anyfit.runfolder import SHARDED_DIR
-from anyfit.training.deepspeed_engine import deepspeed_refusal
+from anyfit.training.deepspeed_engine import deepspeed_missing, deepspeed_refusal
 
 
 def is_sharded(model: nn.Module) -> bool:
@@ -59,7 +59,7 @@ def decide_sharding(cfg: Config, device: str, precision: str, processes: int) ->
                           "runtime.fsdp_offload).")
     if mode == "deepspeed":
         refusal = deepspeed_refusal(cfg, device, cfg.train.micro_batch == "auto") or \
-            sharding_refusal(cfg, device, precision)
+            sharding_refusal(cfg, device, precision) or deepspeed_missing()
         if refusal:
             raise ConfigError(refusal)
         offload = cfg.runtime.deepspeed_offload

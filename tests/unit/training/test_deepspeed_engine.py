@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from anyfit.config import load_config
-from anyfit.training.deepspeed_engine import deepspeed_refusal, engine_config
+from anyfit.training.deepspeed_engine import deepspeed_missing, deepspeed_refusal, engine_config
 
 
 def _cfg(*items: str):
@@ -35,10 +35,11 @@ def test_without_deepspeed_installed_the_refusal_names_the_extra(monkeypatch):
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "deepspeed" else real(name, *a))
-    refusal = deepspeed_refusal(_cfg("train.micro_batch=1"), "cuda", micro_batch_auto=False)
+    refusal = deepspeed_missing()
     assert "anyfit[deepspeed]" in refusal and "\n" not in refusal
 
 
 def test_a_runnable_config_is_not_refused():
-    pytest.importorskip("deepspeed")
     assert deepspeed_refusal(_cfg("train.micro_batch=1"), "cpu", micro_batch_auto=False) == ""
+    pytest.importorskip("deepspeed")
+    assert deepspeed_missing() == ""
