@@ -140,8 +140,9 @@ if ! unzip -l "$DEST"/bnb/bitsandbytes-*.whl | grep -c libbitsandbytes_cuda130.s
 fi
 echo "[wheels] deepspeed (built from the sdist, DS_BUILD_OPS=0)"
 deepspeed_wheel 0.19.8
+# DeepSpeed 0.19.8's own requirements the GPU image may lack (ninja builds CPU Adam just in time)
 download deepspeed hjson==3.1.0 pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 \
-    typing-inspection==0.4.5
+    typing-inspection==0.4.5 einops==0.8.2 msgpack==1.2.4 ninja==1.13.2 py-cpuinfo==9.0.0
 echo "[wheels] pyarrow (installed only where the machine's pyarrow is older than 24)"
 download pyarrow "pyarrow==25.0.1"
 echo
