@@ -38,6 +38,8 @@ def test_zero3_on_two_processes_matches_the_unsharded_run(zero3_two, unsharded):
     assert info["batch"]["accumulation"] == 2
     # each process holds its half of the weights and of the AdamW states (two per weight): ZeRO-3 really engaged
     held, total = info["held_per_process"], info["parameters"]["total"]
+    # built partitioned (zero.Init through transformers): process 0 read the weights, process 1 none
+    assert held["loaded_parameters"] == [total, 0]
     for params, states in zip(held["parameters"], held["optimizer_states"]):
         assert abs(params - total / 2) <= 0.02 * total, (params, total)
         assert abs(states - total) <= 0.04 * total, (states, total)

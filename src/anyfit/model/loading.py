@@ -160,9 +160,10 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    """(trainable, total) parameter counts (a parameter DeepSpeed ZeRO-3 partitioned as it was built is empty
+    here: ``ds_numel`` is its whole size)."""
+    trainable = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    total = sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters())
     return trainable, total
 
 

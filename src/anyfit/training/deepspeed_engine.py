@@ -22,6 +22,7 @@ guide's "ZeRO-3 + CPU offload"); on CUDA the update runs in DeepSpeed's CPU Adam
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import sys
@@ -114,14 +115,46 @@ def host_optimizer(optimizer: torch.optim.Optimizer, cfg: Config, device: str) -
     return DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], adamw_mode=True)
 
 
-def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: dict, device: str):
-    """The ZeRO-3 engine over ``model`` and ``optimizer`` (collective). One process without a launcher gets a
-    one-process group of its own (PyTorch's in-memory store), which is all DeepSpeed's communication needs."""
+def _process_group(device: str) -> None:
+    """One process without a launcher gets a one-process group of its own (PyTorch's in-memory store), which is
+    all DeepSpeed's communication needs; under a launcher Accelerate has made the group already."""
     import torch.distributed as dist
 
+    backend = "gloo" if device == "cpu" else "nccl"
     if not dist.is_initialized():
-        dist.init_process_group("gloo" if device == "cpu" else "nccl", store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
         os.environ.setdefault("LOCAL_RANK", "0")  # what a launcher sets; DeepSpeed reads it from the environment
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=backend, dist_init_required=False, verbose=False)  # wraps the group
+
+
+@contextlib.contextmanager
+def partitioned_loading(config: dict, device: str):
+    """Load the model inside this to have it partitioned as it is built: transformers' ``from_pretrained`` sees
+    DeepSpeed's config (its ``HfDeepSpeedConfig``, what Accelerate and TRL use), builds the model under
+    ``deepspeed.zero.Init`` and copies the weights in on process 0 alone (the others read only names and shapes),
+    so no process ever holds the whole model. Collective: every process loads."""
+    _process_group(device)
+    from transformers.integrations import HfDeepSpeedConfig
+
+    seen_by_transformers = HfDeepSpeedConfig(config)  # transformers holds a weak reference: alive while loading
+    try:
+        yield
+    finally:
+        del seen_by_transformers
+
+
+def elements_read(model: torch.nn.Module, main: bool) -> int:
+    """Parameter elements this process read from the weights after ``partitioned_loading``: process 0 read every
+    partitioned weight, the others none; a parameter built outside ``zero.Init`` (LoRA adapters) is whole
+    everywhere."""
+    return sum((p.ds_numel if main else 0) if hasattr(p, "ds_numel") else p.numel() for p in model.parameters())
+
+
+def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, config: dict, device: str):
+    """The ZeRO-3 engine over ``model`` (partitioned already, or whole) and ``optimizer`` (collective)."""
+    _process_group(device)
     import deepspeed
 
     # DeepSpeed 0.19 calls torch.distributed collectives torch 2.13 renamed: one warning per call, every step

@@ -202,15 +202,21 @@ def _model_and_optimizer(cfg: Config, policy: RuntimePolicy, accelerator, sharde
     FSDP2 (``anyfit.training.sharding``), by DeepSpeed ZeRO-3 (``anyfit.training.deepspeed_engine``), or
     replicated by Accelerate (DDP)."""
     zero3 = cfg.runtime.sharding == "deepspeed"
+    config = deepspeed_engine.engine_config(cfg, plan.micro_batch, plan.accumulation, accelerator.num_processes,
+                                            policy.precision, offload, policy.pin_memory) if zero3 else {}
+    # Over several processes only process 0 reads the weights: FSDP2's others build the model empty and receive
+    # their shards from it, ZeRO-3's build it partitioned (host RAM: one copy of the model, not one per process)
+    from_rank0 = sharded and not zero3 and accelerator.num_processes > 1
     if zero3:
         deepspeed_engine.select_accelerator(policy.device)
-    # FSDP2 over several processes: only process 0 reads the weights, the others build the model empty and
-    # receive their shards from it (host RAM: one copy of the model on the machine, not one per process)
-    from_rank0 = sharded and not zero3 and accelerator.num_processes > 1
-    model = load_model(cfg, policy, accelerator.local_process_index,
-                       empty=from_rank0 and not accelerator.is_main_process)
+        with deepspeed_engine.partitioned_loading(config, policy.device):
+            model = load_model(cfg, policy, accelerator.local_process_index)
+    else:
+        model = load_model(cfg, policy, accelerator.local_process_index,
+                           empty=from_rank0 and not accelerator.is_main_process)
     trainable, total = count_parameters(model)
-    loaded = sum(p.numel() for p in model.parameters() if not p.is_meta)
+    loaded = deepspeed_engine.elements_read(model, accelerator.is_main_process) if zero3 else \
+        sum(p.numel() for p in model.parameters() if not p.is_meta)
     say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
         f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
     if sharded and not zero3 and resume_from is not None and not saved_sharded(resume_from):
@@ -224,12 +230,11 @@ def _model_and_optimizer(cfg: Config, policy: RuntimePolicy, accelerator, sharde
         optimizer = deepspeed_engine.host_optimizer(optimizer, cfg, policy.device)
     scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
     if zero3:
-        config = deepspeed_engine.engine_config(cfg, plan.micro_batch, plan.accumulation, accelerator.num_processes,
-                                                policy.precision, offload, policy.pin_memory)
         model = deepspeed_engine.build_engine(model, optimizer, config, policy.device)
         optimizer = model.optimizer
-        say(f"[anyfit] model partitioned by DeepSpeed ZeRO-3 over {accelerator.num_processes} process(es)"
-            + (", parameters and optimizer states in host RAM" if offload else ""))
+        say(f"[anyfit] model partitioned by DeepSpeed ZeRO-3 over {accelerator.num_processes} process(es) as it "
+            "was built (process 0 read the weights)" + (", parameters and optimizer states in host RAM" if offload
+                                                         else ""))
     elif not sharded:
         model, optimizer = accelerator.prepare(model, optimizer)
     return model, optimizer, scheduler, (trainable, total), loaded
