@@ -12,6 +12,8 @@ clipping. Here the engine holds the ZeRO-3 partitions and the update, and anyfit
 - the clip: ``train.max_grad_norm`` is the engine's ``gradient_clipping``; the norm it measured is logged;
 - non-finite windows: ZeRO-3 skips the update when the gradient norm is not finite (in every precision) and says
   so through ``was_step_applied``; anyfit counts it like any other skipped step;
+- loading: the model is built partitioned (transformers' ``zero.Init`` loading, ``partitioned_loading``): process 0
+  reads the weights, no process holds the whole model;
 - checkpoints: the engine's own files under ``checkpoint-N/deepspeed/`` (exact resume, same process count),
   anyfit's scheduler, RNG and trainer state beside them; the final model gathered to one safetensors folder
   from the fp32 master weights.
