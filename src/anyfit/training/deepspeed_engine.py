@@ -171,21 +171,14 @@ def backward(engine, loss: torch.Tensor) -> None:
     engine.backward(loss, scale_wrt_gas=False)
 
 
-def step(engine, loss_sum: torch.Tensor) -> tuple[torch.Tensor, bool]:
+def step(engine, loss_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """End the window: reduce, clip to ``train.max_grad_norm``, update unless the gradient norm is not finite.
-    Returns (the gradient norm before clipping, whether the update was applied and the loss finite)."""
+    Returns (the gradient norm before clipping, whether the update was applied and the loss finite), both as
+    tensors the loop reads on logged steps only (DeepSpeed itself has read the norm to decide)."""
     engine.step()
     norm = engine.get_global_grad_norm()
-    norm = torch.tensor(float("nan") if norm is None else float(norm))
-    return norm, bool(engine.was_step_applied()) and bool(torch.isfinite(loss_sum))
-
-
-def local_elements(engine) -> tuple[int, int]:
-    """(parameter elements, optimizer-state elements) this process holds: its ZeRO-3 partitions."""
-    params = sum(p.ds_tensor.numel() for p in engine.module.parameters())
-    states = sum(v.numel() for s in engine.optimizer.state.values() for v in s.values()
-                 if isinstance(v, torch.Tensor) and v.ndim > 0)
-    return params, states
+    norm = norm.detach() if isinstance(norm, torch.Tensor) else torch.tensor(float("nan") if norm is None else norm)
+    return norm, torch.isfinite(loss_sum) & bool(engine.was_step_applied())
 
 
 def full_state_dict(engine, main: bool) -> dict[str, torch.Tensor]:

@@ -28,22 +28,18 @@ def backward_window(accelerator, model, micro_batches: list[dict[str, torch.Tens
     """
     scale = accelerator.num_processes / max(1, window_tokens)
     total = torch.zeros((), device=accelerator.device)
-    if is_deepspeed(model):  # ZeRO-3 averages over processes too, and the window ends where step() is called
-        for batch in micro_batches:
-            with record_function("anyfit.forward"):
-                loss_sum = loss_fn(model, batch)
-            with record_function("anyfit.backward"):
-                deepspeed_engine.backward(model, loss_sum * scale)
-            total += loss_sum.detach()
-        return total
-    every = reduce_every and is_sharded(model)  # replicated (DDP) gradients are whole either way: no saving
+    zero3 = is_deepspeed(model)  # ZeRO-3 reduce-scatters in every backward; its window ends at step()
+    every = zero3 or reduce_every and is_sharded(model)  # replicated (DDP) gradients are whole either way
     for i, batch in enumerate(micro_batches):
         # Reduce gradients on the last micro-step only: before it they just accumulate locally.
         with gradient_sync(accelerator, model, sync=every or i == len(micro_batches) - 1):
             with record_function("anyfit.forward"):  # the phases anyfit.profiling reads from a trace
                 loss_sum = loss_fn(model, batch)
             with record_function("anyfit.backward"):
-                accelerator.backward(loss_sum * scale)
+                if zero3:
+                    deepspeed_engine.backward(model, loss_sum * scale)
+                else:
+                    accelerator.backward(loss_sum * scale)
         total += loss_sum.detach()
     return total
 
