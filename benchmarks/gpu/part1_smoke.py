@@ -376,7 +376,10 @@ def gpu_tests(args, results: kit.Results, log: Path) -> None:
     if not files:
         results.cell("gpu-tests", status="fail", error="no test file has a pytest.mark.gpu test")
         return
-    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA", *sorted(files)]
+    # -o addopts=: pyproject's addopts ask for pytest-xdist (-n auto), which the GPU image does not have; one GPU
+    # is one worker anyway.
+    cmd = [sys.executable, "-m", "pytest", "-o", "addopts=", "-m", "gpu", "-p", "no:cacheprovider", "-q", "-rA",
+           *sorted(files)]
     if args.dry_run:
         cmd.append("--collect-only")
     res = kit.run_logged(cmd, log, timeout=min(240, args.deadline.left()))
