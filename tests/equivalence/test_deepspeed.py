@@ -74,6 +74,24 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, t
         assert torch.equal(a[k], b[k]), k
 
 
+def test_a_gguf_model_is_converted_once_and_partitioned_from_safetensors(zero3_two, tiny_llama_dir, tmp_path):
+    """transformers' partitioned loading reads a GGUF file whole on every process: anyfit converts it once into
+    safetensors (process 0 first, the others reuse the folder) and loads that on process 0 alone."""
+    from anyfit.export.gguf_writer import write_gguf
+    from anyfit.model.gguf_cache import is_materialized
+
+    gguf = write_gguf(tiny_llama_dir, tmp_path / "tiny-F32.gguf", "f32", echo=lambda *a: None)
+    out = tmp_path / "out"
+    # the tokenizer from the HF folder: the GGUF file's own is rebuilt by transformers and is not what is compared
+    log = launch(run_config(tmp_path, gguf), out, 2, "runtime.sharding=deepspeed", f"model.tokenizer={tiny_llama_dir}")
+    (line,) = [line for line in log.splitlines() if "GGUF model read from its safetensors conversion" in line]
+    assert is_materialized(Path(line.split()[-1]))
+    info = json.loads((out / "run_info.json").read_text())
+    assert info["held_per_process"]["loaded_parameters"] == [info["parameters"]["total"], 0]
+    # an f32 GGUF holds the weights exactly (Llama's q/k rows permuted, and back): the run from the HF folder
+    assert losses(out) == pytest.approx(losses(zero3_two[0]), rel=1e-6)
+
+
 def test_a_zero3_checkpoint_exports_without_the_processes_that_wrote_it(zero3_two, unsharded, tmp_path):
     """anyfit export of a checkpoint two ZeRO-3 processes wrote: DeepSpeed's zero_to_fp32 joins the partitions in
     one process (the replicated run's weights of that step), and the export goes on from there."""

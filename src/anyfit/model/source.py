@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,29 @@ def _base_from_training_config(adapter_dir: Path, base: str) -> str:
 
 
 
+def gguf_path(model_cfg: ModelConfig) -> Path | None:
+    """The local GGUF file a model config names (a hub repository's file: its cached copy, downloaded if it is not
+    there yet), or None for a model that is not GGUF."""
+    name = model_cfg.name_or_path
+    path = Path(name).expanduser()
+    if name.endswith(".gguf"):
+        return path
+    if model_cfg.gguf_file:
+        return path / model_cfg.gguf_file if path.is_dir() else _cached_hub_file(name, model_cfg.gguf_file,
+                                                                                  model_cfg.revision)
+    return None
+
+
+def dequantized(model_cfg: ModelConfig) -> ModelConfig:
+    """``model_cfg`` itself, or for a GGUF model one naming its safetensors folder: the file converted once by
+    ``anyfit.model.gguf_cache`` and reused. For loaders that read a folder better than a GGUF file: transformers'
+    partitioned (ZeRO-3) loading reads safetensors on process 0 alone but a GGUF file whole on every process."""
+    file = gguf_path(model_cfg)
+    if file is None:
+        return model_cfg
+    return replace(model_cfg, name_or_path=str(gguf_cache.materialize_gguf(file)), gguf_file=None, revision=None)
+
+
 def portable_base(model_cfg) -> dict[str, Any]:
     """Where an adapter's base model is to be loaded from, as recorded in its adapter_config.json.
 
@@ -156,12 +179,7 @@ def portable_base(model_cfg) -> dict[str, Any]:
     """
     name, revision = model_cfg.name_or_path, model_cfg.revision
     path = Path(name).expanduser()
-    gguf_file = None
-    if name.endswith(".gguf"):
-        gguf_file = path
-    elif model_cfg.gguf_file:
-        gguf_file = path / model_cfg.gguf_file if path.is_dir() else _cached_hub_file(name, model_cfg.gguf_file,
-                                                                                        revision)
+    gguf_file = gguf_path(model_cfg)
     if gguf_file is not None:
         origin = {"file": str(gguf_file.resolve()), "name": gguf_file.name, "size": gguf_file.stat().st_size}
         if not (name.endswith(".gguf") or path.is_dir()):
@@ -207,7 +225,7 @@ def describe_base(model_cfg) -> str:
 
 
 def _cached_hub_file(repo: str, filename: str, revision: str | None) -> Path:
-    """The local copy of a hub file that loading the model has already downloaded."""
+    """The local copy of a hub file (downloaded once into the hub cache; loading the model usually has already)."""
     from huggingface_hub import hf_hub_download
 
     return Path(hf_hub_download(repo, filename, revision=revision))

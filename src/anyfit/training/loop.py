@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -34,7 +34,7 @@ from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import count_parameters, load_model, load_tokenizer
 from anyfit.model.shape import shape_from_config
-from anyfit.model.source import ModelSource
+from anyfit.model.source import ModelSource, dequantized
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
 from anyfit.profiling.session import profiled
 from anyfit.runfolder import METRICS, NotWritten, RunLock
@@ -209,8 +209,14 @@ def _model_and_optimizer(cfg: Config, policy: RuntimePolicy, accelerator, sharde
     from_rank0 = sharded and not zero3 and accelerator.num_processes > 1
     if zero3:
         deepspeed_engine.select_accelerator(policy.device)
+        # partitioned loading reads safetensors on process 0 alone, but a GGUF file whole on every process: a GGUF
+        # model is converted once (process 0 first, the others reuse its folder) and loaded from safetensors
+        with accelerator.local_main_process_first():
+            from_folder = replace(cfg, model=dequantized(cfg.model))
+        if from_folder.model is not cfg.model:
+            say(f"[anyfit] GGUF model read from its safetensors conversion {from_folder.model.name_or_path}")
         with deepspeed_engine.partitioned_loading(config, policy.device):
-            model = load_model(cfg, policy, accelerator.local_process_index)
+            model = load_model(from_folder, policy, accelerator.local_process_index)
     else:
         model = load_model(cfg, policy, accelerator.local_process_index,
                            empty=from_rank0 and not accelerator.is_main_process)

@@ -5,7 +5,9 @@ import pytest
 import torch
 
 from anyfit.model import gguf_cache
+from anyfit.config import ModelConfig
 from anyfit.model.gguf_cache import is_materialized, materialize_gguf, smollm2_gguf_path
+from anyfit.model.source import ModelSource, dequantized
 
 
 @pytest.fixture
@@ -58,6 +60,21 @@ def test_materialize_saves_a_plain_folder_once(fake_gguf, tmp_path, tiny_llama_d
     assert reloaded.dtype == torch.float32
     for (name, a), b in zip(reloaded.state_dict().items(), original.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_dequantized_names_the_converted_folder_once(fake_gguf, tmp_path, tiny_llama_dir, monkeypatch):
+    monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path / "root"))
+    as_file = ModelConfig(name_or_path=str(fake_gguf.path), revision="main", gradient_checkpointing=True)
+    in_folder = ModelConfig(name_or_path=str(fake_gguf.path.parent), gguf_file=fake_gguf.path.name)
+    for cfg in (as_file, in_folder):
+        folder = dequantized(cfg)
+        assert folder.name_or_path == str(tmp_path / "root" / "Tiny-Q4") and is_materialized(folder.name_or_path)
+        assert folder.gguf_file is None and folder.revision is None  # a plain local folder now
+        assert ModelSource.from_config(folder) == ModelSource(folder.name_or_path)
+    assert dequantized(as_file).gradient_checkpointing  # the other settings stay
+    assert fake_gguf.calls == ["model"]  # converted once, reused after
+    plain = ModelConfig(name_or_path=str(tiny_llama_dir))
+    assert dequantized(plain) is plain
 
 
 def test_default_cache_dir(fake_gguf, tmp_path, monkeypatch):
