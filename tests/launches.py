@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 from tiny_runs import ENV, read_metrics, write_dataset
 
 STEPS = 8
@@ -37,7 +38,15 @@ def launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True,
     proc = subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if not wait:
         return proc
-    stdout, stderr = proc.communicate(timeout=300)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:  # a hang: kill the launcher and its workers, show their last lines
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        raise AssertionError(f"timed out after 300 s: {' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n"
+                             f"{stderr[-3000:]}") from None
     assert proc.returncode == 0, stderr[-4000:]
     return stdout
 
