@@ -23,9 +23,9 @@ import torch  # noqa: E402
 from tiny_runs import save_tiny  # noqa: E402
 
 # The suite runs under pytest-xdist (addopts in pyproject.toml): one worker process per core, at most 4. More
-# would hardly help: the tests that share the launched reference runs (tests/equivalence/conftest.py) stay on one
-# worker and make the longest lane, and every worker holds its own torch and transformers (~0.7 GiB) beside the
-# training processes its tests launch.
+# would hardly help: a test module stays on one worker (--dist loadfile) and the sharded and DeepSpeed modules make
+# the longest lanes, and every worker holds its own torch and transformers (~0.7 GiB) beside the training
+# processes its tests launch.
 MAX_WORKERS = 4
 
 

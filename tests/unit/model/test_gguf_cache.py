@@ -4,8 +4,8 @@ import types
 import pytest
 import torch
 
-from anyfit.model import gguf_cache
 from anyfit.config import ModelConfig
+from anyfit.model import gguf_cache
 from anyfit.model.gguf_cache import is_materialized, materialize_gguf, smollm2_gguf_path
 from anyfit.model.source import ModelSource, dequantized
 
