@@ -7,12 +7,13 @@ measured share (the constants below), so a run gets no advice its numbers do not
 
 Time predictions come from one step model: the measured step is data wait + host-to-device + the
 micro-batches' forward/backward + optimizer + the rest. The micro-batches' cost is fitted on this run's own
-micro-batches as ``seconds = a + b x positions + c x trained tokens`` (``a``: the fixed cost of a
+micro-batches (the faster half of them: what else runs on the machine only adds time, see ``micro_fit``) as
+``seconds = a + b x positions + c x trained tokens`` (``a``: the fixed cost of a
 forward/backward call: Python, operator dispatch, kernel launches, a dense embedding gradient; ``b``: per token
 position, padding included; ``c``: the output head, which runs on trained tokens only); a change of micro-batch
 size or of packing changes the number of calls and positions (``Layout``, counted on the profiled windows
-themselves) and nothing else: the step's time changes by ``a`` and ``b`` times those differences. Tokens per second scale as the inverse of the step time (the same
-real tokens per step).
+themselves) and nothing else: the step's time changes by ``a`` and ``b`` times those differences. Tokens per
+second scale as the inverse of the step time (the same real tokens per step).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ import numpy as np
 PADDING_SHARE = 0.10  # padded positions among all positions, now or at the proposed micro-batch
 DATA_WAIT_SHARE = 0.05  # the step waiting for its batches
 MIN_GAIN = 1.10  # a predicted tokens/s factor below this is not worth a change
+FAST_SHARE = 0.5  # the micro-batches the cost fit keeps: the fastest against the fit (``micro_fit``)
+MAX_CONCENTRATION_STEPS = 20
+COLLINEAR_R2 = 0.95  # a regressor this well explained by the others has no cost of its own the timings can tell
 OPTIMIZER_SHARE = 0.25  # the optimizer step under CPU offload
 COMMUNICATION_SHARE = 0.25  # collectives, with nothing to amortise them over (accumulation 1)
 ELEMENTWISE_SHARE = 0.30  # non-matmul, non-communication kernels on CUDA (what torch.compile fuses)
@@ -108,25 +112,74 @@ class Advice:
         return f"{self.key}={self.value}"
 
 
-def micro_cost(profile: Profile) -> tuple[float, float]:
-    """(a, b) of ``seconds = a + b x positions (+ c x trained tokens)`` per micro-batch, least squares over the
-    profiled micro-batches. The trained tokens are a regressor of their own because the output head (a
-    vocabulary-wide matmul) runs on them only, and they vary apart from the positions (prompts differ in
-    length); their cost is the same whatever the layout, so only ``a`` and ``b`` are returned. With too few
-    distinct sizes to fit, all the cost is per position (a = 0: no gain claimed from fewer, larger micro-batches).
-    The fit is non-negative: no cost is negative, whatever the timing noise."""
-    t, x = np.asarray(profile.micro_seconds), np.asarray(profile.micro_positions, dtype=np.float64)
-    if len(t) != len(x) or not len(t) or x.sum() <= 0:
-        return 0.0, 0.0
+def micro_fit(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
+    """The coefficients of ``seconds = a + b x positions (+ c x trained tokens)`` per micro-batch, and the fitted
+    seconds of each profiled micro-batch (empty arrays: nothing to fit).
+
+    The trained tokens are a regressor of their own because the output head (a vocabulary-wide matmul) runs on them
+    only, and they vary apart from the positions (prompts differ in length). With too few distinct sizes to fit, all
+    the cost is per position (a = 0: no gain claimed from fewer, larger micro-batches). The fit is non-negative: no
+    cost is negative, whatever the timing noise.
+
+    Timing noise is one-sided: another process taking the core, an interrupt, a page fault only ever add time, and
+    on a shared machine (a CI runner, a laptop) they come in bursts over several micro-batches that least squares
+    would read as cost per token or per call. So the fit is made to the faster part of the micro-batches: starting
+    from the fit to all of them, it keeps the ``FAST_SHARE`` whose times lie lowest against the current fit and
+    refits on those, until the kept set no longer changes (the concentration steps of least trimmed squares,
+    Rousseeuw & Van Driessen's FAST-LTS, on the lower side). On a quiet machine that lowers the fitted times by
+    about the noise's own spread; hand-written because neither numpy nor the stack has a trimmed or non-negative
+    fit (scipy's ``nnls`` is not a dependency)."""
+    t, x = np.asarray(profile.micro_seconds, dtype=np.float64), np.asarray(profile.micro_positions, dtype=np.float64)
+    if not len(t) or len(t) != len(x):
+        return np.zeros(0), np.zeros(0)
     columns = [np.ones_like(x), x]
-    if len(profile.micro_trained) == len(x):
+    if len(profile.micro_trained) == len(x) and not _collinear(np.stack(columns, axis=1), profile.micro_trained):
         columns.append(np.asarray(profile.micro_trained, dtype=np.float64))
     distinct = len(set(x.tolist()))
     columns = columns[:max(0, min(len(columns), distinct - 1))]
     if len(columns) < 2:
-        return 0.0, float(t.sum() / x.sum())
-    coef = nonnegative_lstsq(np.stack(columns, axis=1), t)
-    return float(coef[0]), float(coef[1])
+        b = float(t.sum() / x.sum()) if x.sum() else 0.0
+        return np.array([0.0, b]), b * x
+    a = np.stack(columns, axis=1)
+    coef = nonnegative_lstsq(a, t)
+    keep = max(a.shape[1] + 1, int(np.ceil(FAST_SHARE * len(t))))
+    if keep < len(t):
+        kept = None
+        for _ in range(MAX_CONCENTRATION_STEPS):
+            lowest = np.sort(np.argsort(t - a @ coef, kind="stable")[:keep])
+            if kept is not None and np.array_equal(lowest, kept):
+                break
+            kept, coef = lowest, nonnegative_lstsq(a[lowest], t[lowest])
+    return coef, a @ coef
+
+
+def _collinear(a: np.ndarray, column) -> bool:
+    """Whether ``column`` is (nearly) a linear function of ``a``'s columns: the share of its variance they explain
+    reaches ``COLLINEAR_R2``. Then timing noise alone decides how cost splits between them (when every example's
+    prompt is about as long as its answer, trained tokens follow the positions), so the fit leaves it out and its
+    cost lands on the positions it follows."""
+    y = np.asarray(column, dtype=np.float64)
+    spread = float(np.sum((y - y.mean()) ** 2))
+    if spread == 0:
+        return True
+    residual = y - a @ np.linalg.lstsq(a, y, rcond=None)[0]
+    return 1 - float(residual @ residual) / spread >= COLLINEAR_R2
+
+
+def micro_cost(profile: Profile) -> tuple[float, float]:
+    """(a, b) of ``micro_fit``: a micro-batch's fixed seconds and its seconds per token position (padding included);
+    the trained tokens' cost is the same whatever the layout, so it is not returned."""
+    coef, _ = micro_fit(profile)
+    return (float(coef[0]), float(coef[1])) if len(coef) else (0.0, 0.0)
+
+
+def fitted_compute(profile: Profile) -> float:
+    """The profiled step's forward/backward seconds as the fit has them: the measured ones less the contention the
+    fit left out (the measured ones where there is nothing to fit)."""
+    measured = profile.phases["forward"] + profile.phases["backward"]
+    _, fitted = micro_fit(profile)
+    total = float(np.sum(profile.micro_seconds))
+    return measured * float(fitted.sum()) / total if len(fitted) and total > 0 else measured
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -156,8 +209,9 @@ def predicted_step(profile: Profile, facts: Facts, packed: bool, micro: int, dat
     if now is None or then is None:
         return None
     a, b = micro_cost(profile)
-    measured = profile.phases["forward"] + profile.phases["backward"]
-    overhead = profile.step - profile.untraced_step if profile.untraced_step else 0.0
+    measured = fitted_compute(profile)
+    traced = profile.step - profile.phases["forward"] - profile.phases["backward"] + measured
+    overhead = traced - profile.untraced_step if profile.untraced_step else 0.0
     if overhead > 0:  # the profiler's per-operator cost inflates the per-call fixed cost; the rest is real
         a = max(0.0, a - overhead / max(1.0, now.micro_batches))
         measured -= overhead

@@ -126,9 +126,10 @@ class StepProfiler:
             self.say(report_text(slowest))
 
     def _untraced_step(self) -> float | None:
-        """Mean wall time of the untraced warm-up steps after the first (which allocates the optimizer state)."""
+        """The fastest wall time of the untraced warm-up steps after the first (which allocates the optimizer state):
+        the same steps take the same work, and what else runs on the machine only ever adds to it (``micro_fit``)."""
         gaps = [b - a for a, b in zip(self.clock, self.clock[1:])][: max(0, self.warmup - 2)]
-        return sum(gaps) / len(gaps) if gaps else None
+        return min(gaps) if gaps else None
 
     def _summary(self, prof) -> dict:
         """This process's profile as plain data (what is gathered, printed and written to profile.json)."""
