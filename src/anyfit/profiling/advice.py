@@ -166,20 +166,16 @@ def _collinear(a: np.ndarray, column) -> bool:
     return 1 - float(residual @ residual) / spread >= COLLINEAR_R2
 
 
-def micro_cost(profile: Profile) -> tuple[float, float]:
-    """(a, b) of ``micro_fit``: a micro-batch's fixed seconds and its seconds per token position (padding included);
-    the trained tokens' cost is the same whatever the layout, so it is not returned."""
-    coef, _ = micro_fit(profile)
-    return (float(coef[0]), float(coef[1])) if len(coef) else (0.0, 0.0)
-
-
-def fitted_compute(profile: Profile) -> float:
-    """The profiled step's forward/backward seconds as the fit has them: the measured ones less the contention the
-    fit left out (the measured ones where there is nothing to fit)."""
+def micro_cost(profile: Profile) -> tuple[float, float, float]:
+    """From ``micro_fit``: (a, b, compute): a micro-batch's fixed seconds, its seconds per token position (padding
+    included), and the profiled step's forward/backward seconds as the fit has them (the measured ones less the
+    contention the fit left out; the measured ones where there is nothing to fit). The trained tokens' cost is the
+    same whatever the layout, so it is not returned."""
+    coef, fitted = micro_fit(profile)
     measured = profile.phases["forward"] + profile.phases["backward"]
-    _, fitted = micro_fit(profile)
     total = float(np.sum(profile.micro_seconds))
-    return measured * float(fitted.sum()) / total if len(fitted) and total > 0 else measured
+    compute = measured * float(fitted.sum()) / total if len(fitted) and total > 0 else measured
+    return (float(coef[0]), float(coef[1]), compute) if len(coef) else (0.0, 0.0, compute)
 
 
 def nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -208,8 +204,7 @@ def predicted_step(profile: Profile, facts: Facts, packed: bool, micro: int, dat
     now, then = facts.layouts.get((facts.packing, facts.micro_batch)), facts.layouts.get((packed, micro))
     if now is None or then is None:
         return None
-    a, b = micro_cost(profile)
-    measured = fitted_compute(profile)
+    a, b, measured = micro_cost(profile)
     traced = profile.step - profile.phases["forward"] - profile.phases["backward"] + measured
     overhead = traced - profile.untraced_step if profile.untraced_step else 0.0
     if overhead > 0:  # the profiler's per-operator cost inflates the per-call fixed cost; the rest is real
@@ -256,7 +251,7 @@ def micro_batch_rule(p: Profile, f: Facts) -> Advice | None:
     m = f.proposed_micro
     if not m or m <= f.micro_batch:
         return None
-    a, _ = micro_cost(p)
+    a, _, _ = micro_cost(p)
     packed = True if padding_rule(p, f) else f.packing  # larger padded micro-batches pad more: with packing
     new, old = predicted_step(p, f, packed, m), predicted_step(p, f, packed, f.micro_batch)
     if old and packed == f.packing:

@@ -153,7 +153,7 @@ def test_micro_cost_keeps_the_fixed_cost_when_noise_tilts_the_slope_negative():
     # micro-batch 1 of tiny examples: every call costs about the same, and noise makes longer ones look cheaper
     p = _profile(micro_seconds=[0.052, 0.051, 0.050, 0.049, 0.052, 0.050, 0.049, 0.048],
                  micro_positions=[5, 7, 9, 11, 6, 8, 10, 12])
-    a, b = micro_cost(p)
+    a, b, _ = micro_cost(p)
     assert b == 0 and a == pytest.approx(np.mean(sorted(p.micro_seconds)[:4]))  # the faster half's mean
 
 
@@ -183,7 +183,7 @@ def _bursty(a: float, b: float, seed: int) -> tuple[list[float], list[float]]:
 def test_a_burst_of_contention_does_not_move_the_fitted_costs(seed):
     seconds, positions = _bursty(0.020, 0.001, seed)
     p = _profile(micro_seconds=seconds, micro_positions=positions)
-    a, b = micro_cost(p)
+    a, b, _ = micro_cost(p)
     # what is left is the quiet micro-batches' noise (half-normal, 0.5 ms), seen through the fit
     assert a == pytest.approx(0.020, abs=4e-3) and b == pytest.approx(0.001, abs=4e-4)
     everything = np.linalg.lstsq(np.stack([np.ones(16), positions], axis=1), seconds, rcond=None)[0]
