@@ -12,7 +12,7 @@ from anyfit.config import ConfigError
 def cmd_render(args) -> int:
     cfg = load(args)
     # start-up time: tokenizers and data readers load only when the command runs
-    from anyfit.data.formats import to_examples
+    from anyfit.data.formats import resolve_fields, to_examples
     from anyfit.data.mixture import sources_of
     from anyfit.data.sources import iter_records
     from anyfit.data.store import open_or_build
@@ -28,22 +28,27 @@ def cmd_render(args) -> int:
     store = open_or_build(data, tokenizer, echo=lambda line: print(line, file=sys.stderr))
     if not 0 <= args.index < store.records:
         raise ConfigError(f"--index {args.index} is out of range: the data has {store.records} records.")
-    start = 0
+    start, first = 0, None
     for batch in iter_records(data):  # read up to record N only
+        first = batch[0] if first is None else first
         if args.index < start + len(batch):
             record = batch[args.index - start:args.index - start + 1]
             break
         start += len(batch)
     # Show record N itself (even one the length policy would cut or drop), then what the policy does overall.
-    ids, labels = tokenize_example(to_examples(record, data)[0], tokenizer, data)
+    parts = tokenize_example(to_examples(record, resolve_fields(first, data), start=args.index)[0], tokenizer, data)
     color = sys.stdout.isatty() and not args.no_color
     print(f"record {args.index} of {data.path}:\n")
-    print(show_example(ids, labels, tokenizer, color=color))
-    if len(ids) > data.max_length:
-        print(f"\n(this record has {len(ids)} tokens, over data.max_length={data.max_length}: "
-              f"it is {'cut' if data.overlong == 'truncate' else 'dropped'} in training)")
+    for k, (ids, labels) in enumerate(parts):
+        if len(parts) > 1:  # a conversation the chat template makes into one example per assistant turn
+            print(f"{'' if k == 0 else chr(10)}example {k + 1} of {len(parts)} this record makes:")
+        print(show_example(ids, labels, tokenizer, color=color))
+        if len(ids) > data.max_length:
+            print(f"\n(this example has {len(ids)} tokens, over data.max_length={data.max_length}: "
+                  f"it is {'cut' if data.overlong == 'truncate' else 'dropped'} in training)")
     print(f"\nwhole dataset: {store.report.summary()}")
-    return 0
+    # --check: the mask audit over every record decides the exit status.
+    return 1 if args.check and store.report.audit else 0
 
 
 def register(sub) -> None:
@@ -51,5 +56,8 @@ def register(sub) -> None:
     config_args(p)
     p.add_argument("--index", type=int, default=0, help="Which example (after filtering).")
     p.add_argument("--no-color", action="store_true", help="Mark trained tokens with brackets instead of colour.")
+    p.add_argument("--check", action="store_true", help="Exit with status 1 when the mask audit of the whole data "
+                   "set finds something (trained spans without an end-of-turn token, trained prompt turns); the "
+                   "report names the first records of each finding.")
     p.add_argument("--source", type=int, default=0, help="With data.mix: which source (0 is the first entry).")
     p.set_defaults(func=cmd_render)

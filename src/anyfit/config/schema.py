@@ -8,6 +8,7 @@ schema too and live here, so every layer above asks this module instead of keepi
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -72,11 +73,19 @@ class DataConfig:
     subset: str | None = _f(None, "Hub dataset configuration name (e.g. 'main' for gsm8k).")
     split: str = _f("train", "Split, with optional slicing: 'train', 'train[:500]', 'train[10%:]'.")
     num_samples: int | None = _f(None, "Use at most this many examples (after loading, before shuffling).")
-    format: Literal["auto", "messages", "prompt_completion", "text", "tokens"] = _f(
-        "auto", "Example format. auto: detect from the fields (messages, prompt/completion, text, or "
-        "input_ids + optional completion_mask for pre-tokenized data).")
+    format: Literal["auto", "messages", "prompt_completion", "alpaca", "text", "tokens"] = _f(
+        "auto", "Example format. auto: detect from the fields (messages or conversations, prompt/completion, "
+        "instruction/input/output, text, or input_ids + optional completion_mask for pre-tokenized data).")
     fields: dict[str, str] = _f(
-        {}, "Map anyfit's fields to yours, e.g. {prompt: problem, completion: solution} for MATH.")
+        {}, "Map anyfit's fields to yours, e.g. {prompt: problem, completion: solution} for MATH; also input, "
+        "system, answer, tools, messages, instruction, output, history.")
+    ignore_fields: list[str] = _f(
+        [], "Record fields or message keys (messages[].weight) that hold training content anyfit does not read and "
+        "that you want it to train without; any other such field (input, tool_calls, reasoning_content, ...) stops "
+        "the run.")
+    train_reasoning: bool = _f(
+        True, "Train the reasoning traces of assistant turns (reasoning_content / thinking / <think>). false: they "
+        "stay in the context the model reads, and the loss is on the answers only.")
     template: str = _f(
         "chat", "How examples are laid out: 'chat' (the tokenizer's chat template; a string prompt becomes the user "
         "message); 'plain' (the text is prompt + completion, nothing added between them; each tokenized on its "
@@ -240,7 +249,8 @@ SECTIONS: dict[str, type] = {"model": ModelConfig, "data": DataConfig, "lora": L
 TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # train.report_to values (Accelerate's tracker names)
 # data.template values that are names; any other value must be a custom text with a {prompt} placeholder.
 NAMED_TEMPLATES = ("chat", "plain", "trl", "r1_zero")
-DATA_FIELDS = ("messages", "prompt", "completion", "text", "system", "answer")  # the keys data.fields may map
+DATA_FIELDS = ("messages", "prompt", "completion", "text", "system", "answer", "input", "tools", "instruction",
+               "output", "history")  # the keys data.fields may map
 
 
 def all_keys() -> list[str]:
@@ -311,7 +321,7 @@ def validate(cfg: Config) -> None:
 
 # data.* keys a data.mix entry may set for itself (the store settings stay run-wide).
 MIX_KEYS = ("path", "subset", "split", "num_samples", "format", "fields", "template", "system_prompt", "max_length",
-            "overlong", "train_on", "add_eos")
+            "overlong", "train_on", "add_eos", "ignore_fields", "train_reasoning")
 
 
 def _check_mix(cfg: Config) -> None:
@@ -339,6 +349,7 @@ def _check_mix(cfg: Config) -> None:
 
 
 def _check_template(template: str, key: str) -> None:
-    if template not in NAMED_TEMPLATES and "{prompt}" not in template:
-        raise ConfigError(f"{key}={template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has no '{{prompt}}' "
-                          "placeholder; a custom template looks like 'Question: {prompt}\\nAnswer: '.")
+    if template not in NAMED_TEMPLATES and not re.search(r"\{[A-Za-z_]\w*\}", template):
+        raise ConfigError(f"{key}={template!r} is not one of {', '.join(NAMED_TEMPLATES)} and has no placeholder "
+                          "such as '{prompt}' or a record field ('{instruction}'); a custom template looks like "
+                          "'Question: {prompt}\\nAnswer: '.")

@@ -1,50 +1,74 @@
-"""Dataset formats: raw records in, one canonical ``Example`` out.
+"""Dataset formats: raw records in, one canonical ``Example`` out, and nothing of a record dropped in silence.
 
-Four formats are understood (the taxonomy TRL uses too):
+The formats (TRL's taxonomy, plus the instruction shape of Alpaca and its descendants):
 
-- ``messages``: a conversation, a list of ``{role, content}`` (ShareGPT's ``{from, value}`` is accepted);
+- ``messages``: a conversation, a list of messages (``anyfit.data.messages``: OpenAI/TRL with tool calls and
+  reasoning traces, ShareGPT's ``{from, value}``), in a ``messages`` or ``conversations`` column, with an optional
+  ``tools`` column (function definitions, or their JSON string) handed to the chat template;
 - ``prompt_completion``: ``prompt`` (a string, or a list of messages) and ``completion`` (a string);
+- ``alpaca``: ``instruction``, optional ``input``, ``output``, optional ``system`` and ``history`` (earlier
+  ``[instruction, response]`` pairs): the input is joined to the instruction with a newline (LLaMA-Factory's
+  rule), and a record with a history becomes a conversation whose every answer is trained (LLaMA-Factory's default);
 - ``text``: plain text, trained on as a whole;
-- ``tokens``: already tokenized, ``input_ids`` (a list of token ids) and optionally ``completion_mask``
-  (1 where the loss is taken, TRL's name and meaning); without a mask every token is trained on.
+- ``tokens``: already tokenized, ``input_ids`` and optionally ``completion_mask`` (1 where the loss is taken,
+  TRL's name and meaning); without a mask every token is trained on.
 
-``data.fields`` maps anyfit's field names to the dataset's column names, e.g.
-``{prompt: problem, completion: solution}`` for MATH. How an Example becomes tokens is decided later,
-in ``anyfit.data.templates`` and ``anyfit.data.tokenization``.
+``data.fields`` maps anyfit's field names to the dataset's column names, e.g. ``{prompt: problem, completion:
+solution}`` for MATH; ``input`` can be mapped in every prompt format. How an Example becomes tokens is decided
+later, in ``anyfit.data.templates`` and ``anyfit.data.tokenization``.
 
-Messages are checked here, record by record: each is ``{"role": str, "content": str}`` with a role in
-``ROLES``. A role a chat template does not know would otherwise vanish from the rendered text without a word.
-Every error names the record and, for records read from a file, its place (``data.jsonl:12``).
+Every record field and message key the format does not read but that holds content is counted
+(``Example.unused``, summed in the data report). One that carries training content (``CONTENT_FIELDS``: an
+``input``, tool calls, a reasoning trace, ...) stops the run at the first record holding it, unless
+``data.ignore_fields`` names it: training on the record without it would teach something else than its authors
+meant. Every error names the record and, for records read from a file, its place (``data.jsonl:12``).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from anyfit.config import DataConfig
+from anyfit.data.messages import ROLES, Message, has_content, normalize_message, parse_tools, short, text
 from anyfit.data.sources import DataError, Records
 
-Format = Literal["messages", "prompt_completion", "text", "tokens"]
-Message = dict[str, str]
+__all__ = ["Example", "Format", "Message", "ROLES", "CONTENT_FIELDS", "to_examples", "detect_format",
+           "resolve_fields"]
 
-# The fields each format needs, in anyfit's names.
+Format = Literal["messages", "prompt_completion", "alpaca", "text", "tokens"]
+
+# The fields each format needs, in anyfit's names, and the optional ones it reads.
 REQUIRED: dict[str, tuple[str, ...]] = {
     "messages": ("messages",),
     "prompt_completion": ("prompt", "completion"),
+    "alpaca": ("instruction", "output"),
     "text": ("text",),
     "tokens": ("input_ids",),
 }
-OPTIONAL = ("system", "answer")
-# The roles of the chat-template convention. 'tool' is accepted here; whether the tokenizer's chat template
-# renders tool turns is checked when it is applied (anyfit.data.templates).
-ROLES = ("system", "user", "assistant", "tool")
-
-# ShareGPT-style conversations (``{"from": "human", "value": ...}``) are common on the hub.
-_SHAREGPT_ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "system": "system", "tool": "tool"}
+OPTIONAL: dict[str, tuple[str, ...]] = {
+    "messages": ("system", "answer", "tools"),
+    "prompt_completion": ("input", "system", "answer", "tools"),
+    "alpaca": ("input", "system", "history", "answer", "tools"),
+    "text": (),
+    "tokens": ("completion_mask",),
+}
+# Columns that name a conversation when data.fields does not: TRL's and ShareGPT's.
+CONVERSATION_COLUMNS = ("messages", "conversations")
+# Record fields and message keys that carry what a model is trained to read or write: one left unread would change
+# what the model learns, so it stops the run (data.ignore_fields lets it go). Other unread fields (ids, levels,
+# sources) are only counted in the data report.
+CONTENT_FIELDS = frozenset({
+    "input", "context", "history", "instruction", "system", "system_prompt", "tools", "functions", "tool_calls",
+    "function_call", "reasoning_content", "reasoning", "thinking", "labels", "weight", "images", "image", "audio",
+})
+# Column pairs of well-known public data sets, for the data.fields a refusal suggests (GSM8K, MATH, Alpaca-likes,
+# OpenAssistant-likes, ...), in order of preference.
+KNOWN_PAIRS = (("question", "answer"), ("problem", "solution"), ("query", "response"), ("instruction", "output"),
+               ("instruction", "response"), ("prompt", "response"), ("input", "output"), ("question", "response"),
+               ("question", "solution"), ("problem", "answer"), ("prompt", "answer"), ("query", "answer"),
+               ("input", "target"), ("source", "target"), ("prompt", "chosen"))
 
 
 @dataclass(frozen=True)
@@ -52,12 +76,15 @@ class Example:
     """One training example in canonical form.
 
     ``kind`` says which fields are set: ``messages``; ``prompt`` + ``completion``; ``text``; or ``input_ids``.
-    ``system`` and ``answer`` are optional extras (a system prompt, a short reference answer).
-    ``index`` is the record's position in the loaded data and ``origin`` where it was read from
-    (``data.jsonl:12``, when known), both for error messages.
+    ``system``, ``answer``, ``tools`` and ``input`` are optional extras (a system prompt, a short reference
+    answer, the function definitions of a tool-calling conversation, an Alpaca-style input the prompt templates
+    join to the prompt). ``values``: the record's fields a custom ``data.template`` names (``{instruction}``).
+    ``index`` is the record's position in the loaded data and ``origin`` where it was read from (``data.jsonl:12``,
+    when known), both for error messages; ``unused``: the record's fields and message keys that hold content the
+    format does not read (``messages[].id`` for a message key).
     """
 
-    kind: Format
+    kind: Literal["messages", "prompt_completion", "text", "tokens"]
     index: int = 0
     messages: list[Message] | None = None
     prompt: str | list[Message] | None = None
@@ -68,6 +95,10 @@ class Example:
     input_ids: list[int] | None = None
     completion_mask: list[int] | None = None
     origin: str | None = field(default=None, compare=False)
+    tools: list[dict] | None = None
+    input: str | None = None
+    values: dict[str, str] = field(default_factory=dict, compare=False)
+    unused: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def place(self) -> str:
@@ -88,23 +119,34 @@ def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig, start: in
     """Normalise every record to an Example, in ``cfg.format`` (detected from the first record for 'auto').
 
     ``start``: the index of ``records[0]`` in the whole data set, for a data set read in batches; the checks
-    made on the data set's first record (format, mapped fields) are made in its first batch only, and later
-    batches take the format found there (``cfg.format`` set to it)."""
+    made on the data set's first record (format, mapped fields) are made in its first batch only; later batches
+    are given ``resolve_fields``'s config (format and columns fixed)."""
     if not records:
         raise DataError("No records to read: the dataset is empty.")
     locate = records.locate if isinstance(records, Records) else None
     first = _place(start, locate and locate(0))
-    fmt = detect_format(records[0], cfg, first.lower()) if cfg.format == "auto" else cfg.format
-    columns = _columns(fmt, cfg.fields)
+    fmt, columns = _format_and_columns(records[0], cfg, first)
     if start == 0:
         _check_fields(records[0], fmt, columns, first)
         # An optional field mapped by name but absent from the data is most likely a typo in data.fields.
-        absent = [f"{name}: {cfg.fields[name]}" for name in OPTIONAL
+        absent = [f"{name}: {cfg.fields[name]}" for name in OPTIONAL[fmt] + ("input",)
                   if name in cfg.fields and cfg.fields[name] not in records[0]]
         if absent:
-            raise DataError(f"data.fields maps {', '.join(absent)}, but record 0 has no such field; its fields are "
-                            f"{_field_list(records[0])}.")
-    return [_to_example(record, start + i, locate and locate(i), fmt, columns) for i, record in enumerate(records)]
+            raise DataError(f"data.fields maps {', '.join(sorted(set(absent)))}, but record 0 has no such field; its "
+                            f"fields are {_field_list(records[0])}.")
+    named = _template_fields(cfg.template, records[0], cfg.fields)
+    return [_to_example(record, start + i, locate and locate(i), fmt, columns, named, cfg)
+            for i, record in enumerate(records)]
+
+
+def resolve_fields(record: Mapping[str, Any], cfg: DataConfig) -> DataConfig:
+    """``cfg`` with the format found on ``record`` (the data set's first) and every column it reads spelled out:
+    what the later batches of a data set read in batches are given."""
+    import dataclasses
+
+    fmt, columns = _format_and_columns(record, cfg, "Record 0")
+    named = {name: name for name in _template_fields(cfg.template, record, cfg.fields)}
+    return dataclasses.replace(cfg, format=fmt, fields={**named, **columns})
 
 
 def _place(index: int, origin: str | None) -> str:
@@ -113,29 +155,37 @@ def _place(index: int, origin: str | None) -> str:
 
 def detect_format(record: Mapping[str, Any], cfg: DataConfig, place: str = "record 0") -> Format:
     """The format whose fields (after the ``data.fields`` mapping) the record has: messages > prompt_completion >
-    text > tokens. ``place`` names the record in the error."""
+    alpaca > text > tokens. ``place`` names the record in the error."""
     if not isinstance(record, Mapping):
-        raise DataError(f"{place} must be a mapping of fields, got {_short(record)}.")
-    for fmt in ("messages", "prompt_completion", "text", "tokens"):
-        columns = _columns(fmt, cfg.fields)
+        raise DataError(f"{place} must be a mapping of fields, got {short(record)}.")
+    for fmt in REQUIRED:
+        columns = _columns(fmt, cfg.fields, record)
         if all(columns[name] in record for name in REQUIRED[fmt]):
             return fmt
     unmatched = [f"{name}: {column}" for name, column in cfg.fields.items() if column not in record]
     hint = f" (data.fields maps {', '.join(unmatched)}, but there is no such field)" if unmatched else ""
     raise DataError(
         f"Could not tell the data format from the fields of {place}: found {_field_list(record)}{hint}. anyfit "
-        "reads 'messages' (a conversation), 'prompt' + 'completion', 'text', or 'input_ids' (pre-tokenized). "
-        f"Map your columns to these names in the config, e.g. data.fields: {_suggest_mapping(record)}.")
+        "reads 'messages' or 'conversations' (a conversation), 'prompt' + 'completion', 'instruction' + 'output' "
+        "(Alpaca), 'text', or 'input_ids' (pre-tokenized). Map your columns to these names in the config, e.g. "
+        f"data.fields: {suggest_mapping(record)}.")
 
 
-def _columns(fmt: Format, fields: Mapping[str, str]) -> dict[str, str]:
+def _format_and_columns(record: Mapping[str, Any], cfg: DataConfig, place: str) -> tuple[Format, dict[str, str]]:
+    fmt = detect_format(record, cfg, place[0].lower() + place[1:]) if cfg.format == "auto" else cfg.format
+    return fmt, _columns(fmt, cfg.fields, record)
+
+
+def _columns(fmt: Format, fields: Mapping[str, str], record: Mapping[str, Any]) -> dict[str, str]:
     """anyfit field name -> the dataset's column name, for the format's fields and the optional extras.
 
-    An optional field that is not mapped defaults to a column of its own name, unless that column is
-    already used for another field (GSM8K maps completion: answer; its 'answer' is not a short answer).
-    """
+    An optional field that is not mapped defaults to a column of its own name, unless that column is already
+    used for another field (GSM8K maps completion: answer; its 'answer' is not a short answer). A conversation
+    is read from 'messages', else 'conversations' (ShareGPT)."""
     columns = {name: fields.get(name, name) for name in REQUIRED[fmt]}
-    for name in OPTIONAL:
+    if fmt == "messages" and "messages" not in fields:
+        columns["messages"] = next((c for c in CONVERSATION_COLUMNS if c in record), "messages")
+    for name in OPTIONAL[fmt]:
         if name in fields:
             columns[name] = fields[name]
         elif name not in columns.values():
@@ -143,9 +193,19 @@ def _columns(fmt: Format, fields: Mapping[str, str]) -> dict[str, str]:
     return columns
 
 
+def _template_fields(template: str, record: Mapping[str, Any], fields: Mapping[str, str]) -> tuple[str, ...]:
+    """The record fields a custom ``data.template`` names as ``{field}`` besides ``{prompt}``: those of the data
+    set's first record (so the braces of LaTeX in a template are left alone), which ``resolve_fields`` hands on to
+    later batches in ``data.fields``."""
+    if "{" not in template:
+        return ()
+    known = [k for k in record if isinstance(k, str)] + list(fields.values())
+    return tuple(dict.fromkeys(k for k in known if k != "prompt" and "{" + k + "}" in template))
+
+
 def _check_fields(record: Mapping[str, Any], fmt: Format, columns: Mapping[str, str], place: str) -> None:
     if not isinstance(record, Mapping):  # records handed over in code rather than read from a file
-        raise DataError(f"{place} must be a mapping of fields, got {_short(record)}.")
+        raise DataError(f"{place} must be a mapping of fields, got {short(record)}.")
     missing = [f"'{columns[name]}'" + (f" (for {name})" if columns[name] != name else "")
                for name in REQUIRED[fmt] if columns[name] not in record]
     if missing and fmt == "tokens":  # not mappable: the column names are TRL's
@@ -156,103 +216,131 @@ def _check_fields(record: Mapping[str, Any], fmt: Format, columns: Mapping[str, 
         raise DataError(
             f"{place} has no field {' or '.join(missing)} needed by format '{fmt}'. Its fields are "
             f"{_field_list(record)}. Map your column names in the config, e.g. data.fields: "
-            f"{_suggest_mapping(record, fmt)}, or set data.format.")
+            f"{suggest_mapping(record, fmt)}, or set data.format.")
 
 
-def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: Format,
-                columns: Mapping[str, str]) -> Example:
+def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: Format, columns: Mapping[str, str],
+                named: tuple[str, ...], cfg: DataConfig) -> Example:
     place = _place(index, origin)
     _check_fields(record, fmt, columns, place)
-    system = _optional_str(record, columns.get("system"), place)
-    answer = _optional_str(record, columns.get("answer"), place)
-    if fmt == "messages":
-        messages = _messages(record[columns["messages"]], place, columns["messages"])
-        return Example("messages", index, messages=messages, system=system, answer=answer, origin=origin)
-    if fmt == "prompt_completion":
-        prompt = record[columns["prompt"]]
-        prompt = _messages(prompt, place, columns["prompt"]) if isinstance(prompt, list) else _string(
-            prompt, place, columns["prompt"], "a string or a list of messages")
-        completion = _completion(record[columns["completion"]], place, columns["completion"])
-        return Example("prompt_completion", index, prompt=prompt, completion=completion, system=system, answer=answer,
-                       origin=origin)
+    # Ignored fields (data.ignore_fields) are left unread, and so counted in the report with the other unread ones.
+    read = ({columns[n] for n in (*REQUIRED[fmt], *OPTIONAL[fmt]) if n in columns} | set(named)) - set(
+        cfg.ignore_fields)
+    unused = [k for k, v in record.items() if k not in read and has_content(v)]
+    get = lambda name: _optional_str(record, columns.get(name), place)  # noqa: E731
+    values = {k: _string(record[k], place, k, "a string") if has_content(record[k]) else "" for k in named
+              if k in record}
+    extras = dict(system=get("system"), answer=get("answer"), origin=origin, values=values)
+    if "tools" in columns and columns["tools"] not in cfg.ignore_fields:
+        extras["tools"] = parse_tools(record.get(columns["tools"]), f"{place}: '{columns['tools']}'")
     if fmt == "tokens":
-        input_ids = _ids(record[columns["input_ids"]], place, columns["input_ids"])
-        mask = record.get("completion_mask")
-        mask = None if mask is None else _ids(mask, place, "completion_mask")
-        if mask is not None and (len(mask) != len(input_ids) or any(m not in (0, 1) for m in mask)):
-            raise DataError(f"{place}: 'completion_mask' must be a list of 0/1, one per token of "
-                            f"'{columns['input_ids']}' ({len(input_ids)} tokens), got {_short(mask)}.")
-        return Example("tokens", index, input_ids=input_ids, completion_mask=mask, origin=origin)
-    text = _string(record[columns["text"]], place, columns["text"], "a string")
-    return Example("text", index, text=text, origin=origin)
+        example = _tokens(record, index, columns, place, origin)
+    elif fmt == "text":
+        example = Example("text", index, text=_string(record[columns["text"]], place, columns["text"], "a string"),
+                          origin=origin, values=values)
+    elif fmt == "messages":
+        messages, keys = _messages(record[columns["messages"]], place, columns["messages"], cfg.ignore_fields)
+        unused += keys
+        example = Example("messages", index, messages=messages, **extras)
+    else:
+        example = _prompt_completion(record, index, fmt, columns, place, extras)
+    _refuse_content(unused, cfg, place, fmt)
+    return example if not unused else _with_unused(example, unused)
+
+
+def _with_unused(example: Example, unused: list[str]) -> Example:
+    import dataclasses
+
+    return dataclasses.replace(example, unused=tuple(dict.fromkeys(unused)))
+
+
+def _prompt_completion(record: Mapping[str, Any], index: int, fmt: Format, columns: Mapping[str, str], place: str,
+                       extras: dict) -> Example:
+    prompt_col, completion_col = (columns["instruction"], columns["output"]) if fmt == "alpaca" else (
+        columns["prompt"], columns["completion"])
+    prompt = record[prompt_col]
+    prompt = _messages(prompt, place, prompt_col)[0] if isinstance(prompt, list) else _string(
+        prompt, place, prompt_col, "a string or a list of messages")
+    completion = _completion(record[completion_col], place, completion_col)
+    # An input the custom template names is filled in there (Example.values), not joined to the prompt.
+    user_input = None if columns.get("input") in extras["values"] else _optional_str(record, columns.get("input"),
+                                                                                       place) or None
+    history = record.get(columns.get("history", "")) if "history" in columns else None
+    if not history:
+        return Example("prompt_completion", index, prompt=prompt, completion=completion, input=user_input, **extras)
+    # Alpaca's history: earlier exchanges, each trained as LLaMA-Factory trains them by default.
+    if not isinstance(history, list) or not all(isinstance(h, (list, tuple)) and len(h) == 2 for h in history):
+        raise DataError(f"{place}: '{columns['history']}' must be a list of [instruction, response] pairs, got "
+                        f"{short(history)}.")
+    messages = []
+    for k, (query, response) in enumerate(history):
+        messages += [{"role": "user", "content": _string(query, place, f"{columns['history']}[{k}][0]", "a string")},
+                     {"role": "assistant", "content": _string(response, place, f"{columns['history']}[{k}][1]",
+                                                              "a string")}]
+    if isinstance(prompt, list):
+        raise DataError(f"{place} has both a conversation as its prompt and a '{columns['history']}'; give one of them.")
+    query = prompt + "\n" + user_input if user_input else prompt
+    messages += [{"role": "user", "content": query}, {"role": "assistant", "content": completion}]
+    return Example("messages", index, messages=messages, **extras)
+
+
+def _tokens(record: Mapping[str, Any], index: int, columns: Mapping[str, str], place: str,
+            origin: str | None) -> Example:
+    input_ids = _ids(record[columns["input_ids"]], place, columns["input_ids"])
+    mask_col = columns.get("completion_mask", "completion_mask")
+    mask = record.get(mask_col)
+    mask = None if mask is None else _ids(mask, place, mask_col)
+    if mask is not None and (len(mask) != len(input_ids) or any(m not in (0, 1) for m in mask)):
+        raise DataError(f"{place}: '{mask_col}' must be a list of 0/1, one per token of "
+                        f"'{columns['input_ids']}' ({len(input_ids)} tokens), got {short(mask)}.")
+    return Example("tokens", index, input_ids=input_ids, completion_mask=mask, origin=origin)
+
+
+def _refuse_content(unused: list[str], cfg: DataConfig, place: str, fmt: Format) -> None:
+    """Stop at a field or message key that carries training content the format does not read (see module doc)."""
+    ignored = set(cfg.ignore_fields)
+    for name in unused:
+        key = name.split("[].")[-1]  # a message key is named 'messages[].weight'
+        if key in CONTENT_FIELDS and name not in ignored and key not in ignored:
+            how = (f"map it with data.fields: {{{key}: {key}}}" if key == "input" else
+                   "map it in data.fields, or give the data in a shape that holds it (see the README's data table)")
+            raise DataError(f"{place} has {name!r}, which holds content that format {fmt!r} (with data.fields "
+                            f"{dict(cfg.fields) or '{}'}) does not read: training without it would teach something "
+                            f"else than the data says. {how[0].upper() + how[1:]}; or set data.ignore_fields: "
+                            f"[{name}] to train without it.")
 
 
 def _ids(value: Any, place: str, column: str) -> list[int]:
     if isinstance(value, list) and value and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         return value
-    raise DataError(f"{place}: '{column}' must be a non-empty list of integer token ids, got {_short(value)}.")
+    raise DataError(f"{place}: '{column}' must be a non-empty list of integer token ids, got {short(value)}.")
 
 
-def _messages(value: Any, place: str, column: str) -> list[Message]:
+def _messages(value: Any, place: str, column: str, ignore: Sequence[str] = ()) -> tuple[list[Message], list[str]]:
+    """The conversation in canonical form, and the message keys with content that were not read
+    (``conversations[].weight``); ``ignore``: the keys (``data.ignore_fields``) left out."""
     if not isinstance(value, list) or not value:
         raise DataError(f"{place}: '{column}' must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
-                        f"messages, got {_short(value)}.")
-    messages = []
+                        f"messages, got {short(value)}.")
+    messages, unused = [], []
     for j, m in enumerate(value):
-        where = f"{place}: message {j} of '{column}'"
-        sharegpt = isinstance(m, Mapping) and "from" in m and "value" in m and "role" not in m
-        if sharegpt:
-            m = {"role": _SHAREGPT_ROLES.get(str(m["from"]).lower(), m["from"]), "content": m["value"]}
-        if not isinstance(m, Mapping):
-            raise DataError(f"{where} must be an object {{\"role\": ..., \"content\": ...}}, got {_short(m)}.")
-        if "role" not in m or "content" not in m:
-            absent = " and ".join(repr(k) for k in ("role", "content") if k not in m)
-            raise DataError(f"{where} has no {absent}; each message needs both, got {_short(m)}.")
-        role = m["role"]
-        if role not in ROLES:
-            hint = " (ShareGPT's human/gpt are mapped to user/assistant)" if sharegpt else ""
-            raise DataError(f"{where} has role {_short(role)}; the roles are {', '.join(ROLES)}{hint}. Rename "
-                            "the role in the data.")
-        content = m["content"]
-        if isinstance(content, list):
-            raise DataError(f"{where} has a list of content parts; anyfit trains on text: join the text parts "
-                            "into one string.")
-        messages.append({"role": role, "content": _text(content, f"{where}: 'content'", "a string", numbers=False)})
-    return messages
+        message, keys = normalize_message(m, f"{place}: message {j} of '{column}'", frozenset(ignore))
+        messages.append(message)
+        unused += [f"{column}[].{k}" for k in keys]
+    return messages, unused
 
 
 def _completion(value: Any, place: str, column: str) -> str:
     # TRL's conversational prompt-completion stores the completion as [{"role": "assistant", ...}].
     if isinstance(value, list) and len(value) == 1:
-        (m,) = _messages(value, place, column)
-        if m["role"] == "assistant":
+        (m,), _ = _messages(value, place, column)
+        if m["role"] == "assistant" and not m.get("tool_calls") and not m.get("reasoning_content"):
             return m["content"]
     return _string(value, place, column, "a string")
 
 
 def _string(value: Any, place: str, column: str, expected: str) -> str:
-    return _text(value, f"{place}: '{column}'", expected)
-
-
-def _text(value: Any, where: str, expected: str, numbers: bool = True) -> str:
-    """``value`` as training text: a string, or (``numbers``) a finite number written out (GSM8K-style answers)."""
-    if isinstance(value, str):
-        # A JSON escape such as "\ud800" without its pair gives a string that is not text and that no
-        # tokenizer accepts; caught here, where the record is known.
-        if not value.isascii():
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError as e:
-                raise DataError(f"{where} holds an unpaired surrogate {value[e.start]!r} (a \\uXXXX escape in the "
-                                "JSON without its pair), which is not text; fix or remove it.") from None
-        return value
-    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise DataError(f"{where} is {value!r}, not text: a missing value? Fill it in or drop the record.")
-        return str(value)
-    if value is None:
-        raise DataError(f"{where} is null; it must be {expected}. Fill it in or drop the record.")
-    raise DataError(f"{where} must be {expected}, got {_short(value)}.")
+    return text(value, f"{place}: '{column}'", expected)
 
 
 def _optional_str(record: Mapping[str, Any], column: str | None, place: str) -> str | None:
@@ -264,20 +352,23 @@ def _field_list(record: Mapping[str, Any]) -> str:
     return ", ".join(f"'{k}'" for k in record) or "(none)"
 
 
-def _suggest_mapping(record: Mapping[str, Any], fmt: Format | None = None) -> str:
-    """A ``data.fields`` example built from the record's own columns, to copy and adjust."""
+def suggest_mapping(record: Mapping[str, Any], fmt: Format | None = None) -> str:
+    """A ``data.fields`` example built from the record's own columns, to copy and adjust: a conversation column;
+    else a pair of well-known column names (question/answer, problem/solution, ...); else the two columns with the
+    longest text."""
     lists = [k for k, v in record.items() if isinstance(v, list) and v and isinstance(v[0], Mapping)]
     strings = [k for k, v in record.items() if isinstance(v, str)]
     if lists and fmt in (None, "messages"):
         return f"{{messages: {lists[0]}}}"
-    if len(strings) >= 2 and fmt in (None, "prompt_completion"):
-        return f"{{prompt: {strings[0]}, completion: {strings[1]}}}"
+    if len(strings) >= 2 and fmt in (None, "prompt_completion", "alpaca"):
+        lower = {k.lower(): k for k in strings}
+        pair = next(((lower[p], lower[c]) for p, c in KNOWN_PAIRS if p in lower and c in lower), None)
+        if pair is None:  # the two longest texts, in the record's order
+            longest = sorted(strings, key=lambda k: -len(record[k]))[:2]
+            pair = tuple(k for k in strings if k in longest)
+        extra = ", input: input" if pair[0] != "input" and "input" in lower else ""
+        return f"{{prompt: {pair[0]}, completion: {pair[1]}{extra}}}"
     if strings and fmt in (None, "text"):
         return f"{{text: {strings[0]}}}"
     return {"messages": "{messages: your_conversation_column}", "text": "{text: your_text_column}"}.get(
         fmt or "", "{prompt: your_question_column, completion: your_answer_column}")
-
-
-def _short(value: Any, width: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= width else text[:width] + "..."

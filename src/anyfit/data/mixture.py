@@ -88,7 +88,7 @@ def combined_report(parts: list[Examples]) -> DataReport:
     reports = [p.report for p in parts]
     total = DataReport(length_limit=max(r.length_limit for r in reports), overlong=reports[0].overlong)
     for field in ("loaded", "truncated", "truncated_tokens", "dropped_overlong", "dropped_nothing_to_train",
-                  "dropped_no_target", "dropped_no_answer", "kept", "total_tokens", "trainable_tokens"):
+                  "dropped_no_target", "dropped_no_answer", "kept", "total_tokens", "trainable_tokens", "split_records"):
         setattr(total, field, sum(getattr(r, field) for r in reports))
     total.max_length = max(r.max_length for r in reports)
     total.mean_length = total.total_tokens / total.kept if total.kept else 0.0

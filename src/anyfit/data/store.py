@@ -7,9 +7,11 @@ Layout of one store (a folder named by its key, under ``data.cache_dir``, defaul
     loss_mask.bin       uint8, 1 where the token is a label (labels are the ids there, -100 elsewhere)
     offsets.bin         int64, example i is [offsets[i], offsets[i + 1])
     trainable.bin       int32, trained tokens per example (what the window sampler weighs the loss by)
-    record_fate.bin     uint8, per source record: kept, cut, or why it was dropped (``tokenization.Fate``)
-    record_example.bin  int64, per source record: its example's index, -1 when dropped
-    record_cut.bin      int32, per source record: the tokens the cut to data.max_length removed (0 when not cut)
+    part_record.bin     int64, per part: its source record. A record is one part, or several when a chat template
+                        makes it several examples (``anyfit.data.chat``); a dropped record is one part
+    part_fate.bin       uint8, per part: kept, cut, or why it was dropped (``tokenization.Fate``)
+    part_example.bin    int64, per part: its example's index, -1 when dropped
+    part_cut.bin        int32, per part: the tokens the cut to data.max_length removed (0 when not cut)
     manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
 
 Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
@@ -55,21 +57,22 @@ from tqdm.auto import tqdm
 
 from anyfit.cache import cache_root, file_sha256
 from anyfit.config import DataConfig
-from anyfit.data import answers, formats, templates, tokenization
-from anyfit.data.formats import to_examples
+from anyfit.data import answers, audit, chat, formats, messages, templates, tokenization
+from anyfit.data.audit import Findings
+from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
 
-FORMAT = 2  # 2: record_cut.bin
+FORMAT = 3  # 2: record_cut.bin; 3: parts (a record can make several examples)
 MANIFEST = "manifest.json"
 HASH = "sha256"
 # name -> dtype; the per-example and per-record arrays are small next to the token arrays.
 ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
-          "record_fate": np.uint8, "record_example": np.int64, "record_cut": np.int32}
+          "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32}
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
-TOKENIZING_CODE = (formats, templates, tokenization, answers)
+TOKENIZING_CODE = (formats, messages, chat, templates, audit, tokenization, answers)
 _KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
 BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
 PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves
@@ -138,7 +141,7 @@ class TokenStore:
 
     @property
     def records(self) -> int:
-        return len(self.arrays["record_fate"])
+        return int(self.manifest["report"]["loaded"])
 
     @property
     def report(self) -> DataReport:
@@ -150,12 +153,20 @@ class TokenStore:
             index = np.arange(len(self))
             return Examples(self, index, self.report)
         records = np.asarray(records, dtype=np.int64)
-        chosen = self.arrays["record_example"][records]
+        # Parts are written in record order, so part_record is sorted: the parts of each chosen record, in the order
+        # the records are given.
+        first = np.searchsorted(self.arrays["part_record"], records, side="left")
+        last = np.searchsorted(self.arrays["part_record"], records, side="right")
+        parts = np.concatenate([np.arange(a, b) for a, b in zip(first, last)]) if len(records) else \
+            np.zeros(0, np.int64)
+        chosen = self.arrays["part_example"][parts]
         index = chosen[chosen >= 0]
-        fates = self.arrays["record_fate"][records]
-        report = report_of([Fate(int(f)) for f in fates], self.lengths[index].tolist(),
+        findings = Findings()  # the unread fields and audit of the whole store: they are not kept per record
+        findings.unused.update(self.report.unused)
+        report = report_of([Fate(int(f)) for f in self.arrays["part_fate"][parts]], self.lengths[index].tolist(),
                            self.arrays["trainable"][index].tolist(), self.manifest["max_length"],
-                           self.manifest["overlong"], cut=self.arrays["record_cut"][records].tolist())
+                           self.manifest["overlong"], cut=self.arrays["part_cut"][parts].tolist(),
+                           records=len(records), findings=findings)
         return Examples(self, index, report)
 
 
@@ -258,6 +269,7 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
             writer.add(results)
         if not writer.kept:
             raise DataError(tokenization.nothing_left(writer.report(cfg)))
+        writer.findings.check(cfg)
         writer.finish(cfg, key=folder.name)
         tmp.rename(folder)
     except BaseException as e:
@@ -279,14 +291,22 @@ class _Packed:
     little more than writing (measured: it was the serial part that kept two workers from two cores).
     """
 
-    fates: np.ndarray  # uint8, one per record
+    records: np.ndarray  # int64, one per part: its record's position in the batch
+    fates: np.ndarray  # uint8, one per part
     lengths: np.ndarray  # int64, one per kept example
     ids: np.ndarray  # int32, the kept examples' tokens end to end
     mask: np.ndarray  # uint8, 1 where the token is trained on
-    cuts: np.ndarray  # int32, one per record: tokens truncation removed
+    cuts: np.ndarray  # int32, one per part: tokens truncation removed
+    findings: Findings  # the batch's unread fields and mask audit
 
     @staticmethod
-    def of(results: list[tuple[Fate, list[int], list[int], int]]) -> _Packed:
+    def of(batch: list[tokenization.RecordResult]) -> _Packed:
+        findings = Findings()
+        for result in batch:
+            findings.add(result)
+        results = [part for result in batch for part in result.parts]
+        owners = np.fromiter((i for i, result in enumerate(batch) for _ in result.parts), dtype=np.int64,
+                             count=len(results))
         kept = [(ids, labels) for fate, ids, labels, _ in results if fate.kept]
         lengths = np.fromiter((len(ids) for ids, _ in kept), dtype=np.int64, count=len(kept))
         total = int(lengths.sum())
@@ -295,8 +315,9 @@ class _Packed:
         mask = labels != IGNORE_INDEX
         if not np.array_equal(labels[mask], ids[mask]):  # the 1-byte mask could not hold them
             raise AssertionError("a label differs from its token id; the token store cannot hold it")
-        return _Packed(np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
-                       mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)))
+        return _Packed(owners, np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
+                       mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)),
+                       findings)
 
 
 def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
@@ -311,7 +332,7 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
     while sum(map(len, ahead)) + len(first) < PARALLEL_FROM and (batch := next(batches, None)) is not None:
         ahead.append(batch)
     first_examples = to_examples(first, cfg)
-    rest_cfg = dataclasses.replace(cfg, format=first_examples[0].kind)
+    rest_cfg = resolve_fields(first[0], cfg)
     bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
     try:
         bar.update(len(first))
@@ -421,23 +442,24 @@ class _Writer:
         self.ids = (folder / "input_ids.bin").open("wb")
         self.mask = (folder / "loss_mask.bin").open("wb")
         self.offsets, self.trainable = array("q", [0]), array("i")
-        self.fates, self.record_example, self.cuts = array("B"), array("q"), array("i")
+        self.part_record, self.fates, self.part_example, self.cuts = array("q"), array("B"), array("q"), array("i")
         self.lengths: list[int] = []
+        self.records = 0
+        self.findings = Findings()
 
     @property
     def kept(self) -> int:
         return len(self.trainable)
 
-    @property
-    def records(self) -> int:
-        return len(self.fates)
-
     def add(self, batch: _Packed) -> None:
         kept = np.isin(batch.fates, _KEPT)
         first = len(self.trainable)
+        self.part_record.extend((self.records + batch.records).tolist())
+        self.records += int(batch.records[-1]) + 1 if len(batch.records) else 0  # every record has a part
+        self.findings.merge(batch.findings)
         self.fates.extend(batch.fates.tolist())
         self.cuts.extend(batch.cuts.tolist())
-        self.record_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
+        self.part_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
         if not len(batch.lengths):
             return
         self.ids.write(batch.ids.tobytes())
@@ -449,17 +471,17 @@ class _Writer:
 
     def report(self, cfg: DataConfig) -> DataReport:
         return report_of([Fate(f) for f in self.fates], self.lengths, list(self.trainable), cfg.max_length,
-                         cfg.overlong, cut=self.cuts)
+                         cfg.overlong, cut=self.cuts, records=self.records, findings=self.findings)
 
     def finish(self, cfg: DataConfig, key: str) -> None:
         self.ids.close()
         self.mask.close()
-        for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("record_fate", self.fates),
-                             ("record_example", self.record_example), ("record_cut", self.cuts)):
+        for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("part_record", self.part_record),
+                             ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts)):
             (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
         counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
-                  "trainable": len(self.trainable), "record_fate": len(self.fates),
-                  "record_example": len(self.record_example), "record_cut": len(self.cuts)}
+                  "trainable": len(self.trainable), "part_record": len(self.part_record), "part_fate": len(self.fates),
+                  "part_example": len(self.part_example), "part_cut": len(self.cuts)}
         files = {f"{name}.bin": {"size": (self.folder / f"{name}.bin").stat().st_size,
                                  HASH: file_sha256(self.folder / f"{name}.bin")} for name in ARRAYS}
         manifest = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,

@@ -51,8 +51,12 @@ from typing import TYPE_CHECKING, Union
 
 from anyfit.config import DataConfig
 from anyfit.data.answers import example_gold
+from anyfit.data.chat import ChatTemplate, Segment, chat_parts, default_system_prompt, template_text
 from anyfit.data.formats import Example, Message
 from anyfit.data.sources import DataError
+
+__all__ = ["Segment", "Rendering", "Joined", "TemplateMasked", "Rendered", "MissingAnswer", "render", "render_prompt",
+           "uses_chat_template", "generation_template", "default_system_prompt", "R1_ZERO_PROMPT"]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -74,14 +78,6 @@ _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 class MissingAnswer(DataError):
     """An r1_zero example without a gold answer: no ``answer`` field, and no ``#### N`` or ``\\boxed{}`` in its
     solution (dropped and counted)."""
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A piece of the rendered text; ``trained`` pieces carry loss under ``train_on: completion``."""
-
-    text: str
-    trained: bool
 
 
 @dataclass(frozen=True)
@@ -111,22 +107,26 @@ class TemplateMasked:
 
     messages: list[Message]
     place: str
+    tools: list[dict] | None = None
 
 
 Rendered = Union[Rendering, Joined, TemplateMasked]
 
 
-def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> Rendered:
-    """The example laid out as ``cfg.template`` says (``cfg`` validated: ``anyfit.config.validate`` checks the template)."""
+def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> list[Rendered]:
+    """The example laid out as ``cfg.template`` says (``cfg`` validated: ``anyfit.config.validate`` checks the
+    template): one rendering, or several when a chat template renders a conversation's earlier turns differently
+    later on (``anyfit.data.chat``), each then an example of its own."""
     if cfg.template == "trl":
-        return _render_trl(example, tokenizer, cfg)
+        return [_render_trl(example, tokenizer, cfg)]
     if example.kind == "text":
         # Raw text is already laid out; templates only arrange prompts and completions.
-        return Rendering([Segment(example.text or "", trained=True)], add_special_tokens=True)
+        return [Rendering([Segment(example.text or "", trained=True)], add_special_tokens=True)]
     if cfg.template == "chat":
         messages, trained_turns = _chat_messages(example, cfg)
-        _check_tool_turns(messages, tokenizer, example)
-        return Rendering(_chat_segments(messages, trained_turns, tokenizer, example), add_special_tokens=False)
+        chat = ChatTemplate(tokenizer, example.place, example.tools)
+        return [Rendering(segments, add_special_tokens=False)
+                for segments in chat_parts(messages, trained_turns, chat, cfg.train_reasoning)]
     prompt, completion = _single_turn(example, cfg)
     if cfg.template == "r1_zero":
         answer = example_gold(example)
@@ -134,8 +134,8 @@ def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig
             raise MissingAnswer(f"{example.place}: r1_zero needs an answer, but there is no 'answer' field and the "
                                 "completion has no '#### N' or \\boxed{...}; map one with data.fields: {answer: ...}.")
         completion = R1_ZERO_COMPLETION.format(solution=completion.strip(), answer=answer)
-    return Rendering([Segment(_text_prompt(prompt, cfg), trained=False), Segment(completion, trained=True)],
-                     add_special_tokens=True)
+    return [Rendering([Segment(_text_prompt(prompt, cfg, example), trained=False), Segment(completion, trained=True)],
+                      add_special_tokens=True)]
 
 
 def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> str:
@@ -151,9 +151,9 @@ def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: Dat
         messages, trained_turns = _chat_messages(example, cfg)
         if not trained_turns:
             raise DataError(f"{example.place} has no assistant turn to generate.")
-        return _apply_chat_template(tokenizer, messages[: trained_turns[-1]], True, example)
+        return ChatTemplate(tokenizer, example.place, example.tools).apply(messages[: trained_turns[-1]], True)
     prompt, _ = _single_turn(example, cfg)
-    return prompt if cfg.template == "trl" else _text_prompt(prompt, cfg)
+    return prompt if cfg.template == "trl" else _text_prompt(prompt, cfg, example)
 
 
 def uses_chat_template(example: Example, cfg: DataConfig) -> bool:
@@ -165,7 +165,7 @@ def uses_chat_template(example: Example, cfg: DataConfig) -> bool:
 def generation_template(tokenizer: PreTrainedTokenizerBase) -> str:
     """The chat template whose ``{% generation %}`` spans TRL's ``assistant_only_loss`` trains: the tokenizer's
     own if it has them, else TRL's training version of it (``trl.chat_template_utils``, for known models)."""
-    own = _chat_template_text(tokenizer)
+    own = template_text(tokenizer)
     if _GENERATION_MARKER.search(own):
         return own
     why = ("data.template=trl with data.train_on=completion on conversations is TRL's assistant_only_loss, which "
@@ -185,7 +185,8 @@ def generation_template(tokenizer: PreTrainedTokenizerBase) -> str:
 
 
 def _render_trl(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> Joined | TemplateMasked:
-    """TRL's SFTTrainer layout (``_prepare_dataset`` in trl/trainer/sft_trainer.py, TRL 1.16)."""
+    """TRL's SFTTrainer layout (``_prepare_dataset`` in trl/trainer/sft_trainer.py, TRL 1.16): the record's
+    ``tools`` and every message key go to the chat template as they are."""
     # TRL appends the EOS text to plain completions and texts that do not already end with it.
     eos = tokenizer.eos_token if cfg.add_eos else None
     if example.kind == "text":
@@ -195,13 +196,14 @@ def _render_trl(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataC
         return Joined(prompt + _with_eos(completion, eos), prompt if cfg.train_on == "completion" else None,
                       add_special_tokens=True)
     messages, _ = _chat_messages(example, cfg)
-    _check_tool_turns(messages, tokenizer, example)
+    chat = ChatTemplate(tokenizer, example.place, example.tools)
+    chat.check_rendered(messages)
     if example.kind == "messages":
         if cfg.train_on == "completion":
-            return TemplateMasked(messages, example.place)
-        return Joined(_apply_chat_template(tokenizer, messages, False, example), None, add_special_tokens=False)
-    prompt = _apply_chat_template(tokenizer, messages[:-1], True, example)
-    full = _apply_chat_template(tokenizer, messages, False, example)
+            return TemplateMasked(messages, example.place, example.tools)
+        return Joined(chat.apply(messages, False), None, add_special_tokens=False)
+    prompt = chat.apply(messages[:-1], True)
+    full = chat.apply(messages, False)
     return Joined(full, prompt if cfg.train_on == "completion" else None, add_special_tokens=False)
 
 
@@ -209,30 +211,51 @@ def _with_eos(text: str, eos: str | None) -> str:
     return text + eos if eos and not text.endswith(eos) else text
 
 
-def _text_prompt(prompt: str, cfg: DataConfig) -> str:
+def _text_prompt(prompt: str, cfg: DataConfig, example: Example) -> str:
+    """The prompt laid out by a text template. A custom template may name record fields (``{instruction}``,
+    ``{input}``) besides ``{prompt}``; a paragraph (text between blank lines) whose fields are all empty is left out,
+    as Alpaca's prompt leaves out its '### Input:' paragraph for a record without input."""
     if cfg.template == "plain":
         return prompt
     template = R1_ZERO_PROMPT if cfg.template == "r1_zero" else cfg.template
+    values = {"prompt": prompt, **example.values}
+    if example.values:
+        paragraphs = template.split("\n\n")
+        template = "\n\n".join(p for p in paragraphs if not (
+            (named := [v for k, v in values.items() if "{" + k + "}" in p]) and not any(v.strip() for v in named)))
     # str.replace, not str.format: custom templates and LaTeX prompts contain literal braces.
-    return template.replace("{prompt}", prompt)
+    for key, value in values.items():
+        template = template.replace("{" + key + "}", value)
+    return template
 
 
 def _single_turn(example: Example, cfg: DataConfig) -> tuple[str, str]:
     """(prompt, completion) strings for the text templates, which have no notion of roles or turns."""
     system = example.system or cfg.system_prompt
+    if example.tools:
+        raise DataError(f"{example.place} has tool definitions ('tools'), which only a chat template renders; use "
+                        "data.template=chat (or trl).")
     if example.kind == "messages":
-        roles = [m["role"] for m in example.messages or []]
+        messages = example.messages or []
+        roles = [m["role"] for m in messages]
         if roles and roles[0] == "system":
-            system, roles = example.messages[0]["content"], roles[1:]
+            system, roles = messages[0]["content"], roles[1:]
         if roles != ["user", "assistant"]:
             raise DataError(f"{example.place} is a conversation with roles {roles}; template {cfg.template!r} renders "
                             "a single user/assistant exchange. Use data.template=chat for multi-turn conversations.")
-        prompt, completion = example.messages[-2]["content"], example.messages[-1]["content"]
+        last = messages[-1]
+        if last.get("tool_calls") or last.get("reasoning_content"):
+            what = "tool calls" if last.get("tool_calls") else "a reasoning trace"
+            raise DataError(f"{example.place}: the assistant turn has {what}, which template {cfg.template!r} cannot "
+                            "lay out; use data.template=chat.")
+        prompt, completion = messages[-2]["content"], last["content"]
     else:
         if isinstance(example.prompt, list):
             raise DataError(f"{example.place}: the prompt is a list of messages, which template {cfg.template!r} "
                             "cannot lay out; use data.template=chat or a string prompt.")
         prompt, completion = example.prompt or "", example.completion or ""
+        if example.input:
+            prompt = prompt + "\n" + example.input
     if system:
         # Silently dropping a system prompt would change the task without a word; say so instead.
         raise DataError(f"{example.place} has a system prompt, which only data.template=chat renders (and trl, for "
@@ -248,6 +271,8 @@ def _chat_messages(example: Example, cfg: DataConfig) -> tuple[list[Message], li
         trained = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     else:
         prompt = example.prompt or ""
+        if example.input and isinstance(prompt, str):
+            prompt = prompt + "\n" + example.input  # LLaMA-Factory's join of an Alpaca input to its instruction
         messages = list(prompt) if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
         messages.append({"role": "assistant", "content": example.completion or ""})
         trained = [len(messages) - 1]  # earlier assistant turns inside a prompt are context
@@ -256,92 +281,3 @@ def _chat_messages(example: Example, cfg: DataConfig) -> tuple[list[Message], li
         messages.insert(0, {"role": "system", "content": system})
         trained = [i + 1 for i in trained]
     return messages, trained
-
-
-def _check_tool_turns(messages: list[Message], tokenizer: PreTrainedTokenizerBase, example: Example) -> None:
-    """Fail when the chat template leaves a 'tool' message out: templates without a tool role drop them silently."""
-    if not any(m["role"] == "tool" for m in messages):
-        return
-    text = _apply_chat_template(tokenizer, messages, False, example)
-    for j, m in enumerate(messages):
-        if m["role"] == "tool" and m["content"].strip() not in text:
-            raise DataError(f"{example.place}: message {j} has role 'tool', but the tokenizer's chat template does "
-                            "not render tool messages (its text is missing from the result). Remove the tool turns "
-                            "or use a tokenizer whose chat template has a tool role.")
-
-
-def _chat_segments(messages: list[Message], trained_turns: list[int], tokenizer: PreTrainedTokenizerBase,
-                   example: Example) -> list[Segment]:
-    """Split a chat-templated conversation into masked and trained text by rendering it incrementally.
-
-    For assistant turn i, the text up to it is the template applied to ``messages[:i]`` with the
-    generation prompt (what the model is given at inference), and the turn itself is what
-    ``messages[:i+1]`` adds. Whitespace after a turn's end token (Qwen's newline after <|im_end|>) is
-    formatting between turns, so it goes to the next masked segment; after the last trained turn it is
-    dropped (the model stops before it). Messages after the last assistant turn carry no loss and are
-    left out. HF's ``return_assistant_tokens_mask`` is not used: it needs {% generation %} markers
-    that most chat templates lack.
-    """
-    segments: list[Segment] = []
-    done = ""  # the conversation text covered by the segments so far
-    for i in trained_turns:
-        before = _apply_chat_template(tokenizer, messages[:i], True, example)
-        through = _apply_chat_template(tokenizer, messages[: i + 1], False, example)
-        if not before.startswith(done) or not through.startswith(before):
-            shorter, longer = (done, before) if not before.startswith(done) else (before, through)
-            at = next((k for k, (a, b) in enumerate(zip(shorter, longer)) if a != b), len(shorter))
-            raise DataError(
-                f"{example.place}: the tokenizer's chat template does not render this conversation incrementally: "
-                f"the text before assistant turn {i} changes once the turn is added ({shorter[max(0, at - 30):at + 30]!r} "
-                f"becomes {longer[max(0, at - 30):at + 30]!r}; some templates add e.g. '<think>' to the generation "
-                "prompt only). The trained spans cannot be found. Use data.template=trl (TRL's rule: the loss "
-                "starts where the token ids differ), a custom data.template with {prompt} that writes the template's "
-                "prompt text, or a tokenizer whose chat template renders prefixes stably.")
-        segments.append(Segment(before[len(done):], trained=False))
-        turn = through[len(before):].rstrip()
-        segments.append(Segment(turn, trained=True))
-        done = before + turn
-    if not trained_turns:  # nothing to learn; kept so the caller can count and report it
-        segments.append(Segment(_apply_chat_template(tokenizer, messages, False, example), trained=False))
-    return segments
-
-
-def _chat_template_text(tokenizer: PreTrainedTokenizerBase) -> str:
-    template = getattr(tokenizer, "chat_template", None)
-    if isinstance(template, dict):  # named variants: 'default' is the one apply_chat_template uses
-        template = template.get("default")
-    if not template:
-        raise DataError("The tokenizer has no chat template, so this data cannot be rendered with data.template=chat "
-                        "(or trl, for conversations). Choose data.template=plain, r1_zero or a custom string with "
-                        "{prompt}, or set model.tokenizer to one that has a chat template.")
-    return template
-
-
-def _apply_chat_template(tokenizer: PreTrainedTokenizerBase, messages: list[Message], generation_prompt: bool,
-                         example: Example) -> str:
-    _chat_template_text(tokenizer)
-    try:
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-    except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate") from template code
-        raise DataError(f"{example.place}: the chat template failed on this conversation: "
-                        f"{' '.join(str(e).split())}") from e
-
-
-def default_system_prompt(tokenizer: PreTrainedTokenizerBase) -> str | None:
-    """The system turn a chat template adds by itself to a conversation that has none (SmolLM2's, Qwen2.5's),
-    or None. Found by rendering one user turn with a marker as the system prompt and once without: where the
-    marker stood, the second rendering holds the default."""
-    if not getattr(tokenizer, "chat_template", None):
-        return None
-    marker, user = "\x00anyfit-system\x00", [{"role": "user", "content": "hi"}]
-    try:
-        marked = tokenizer.apply_chat_template([{"role": "system", "content": marker}, *user], tokenize=False)
-        plain = tokenizer.apply_chat_template(user, tokenize=False)
-    except Exception:  # a template that refuses system turns has no default one either
-        return None
-    if marked.count(marker) != 1:
-        return None
-    before, after = marked.split(marker)
-    if len(plain) <= len(before) + len(after) or not plain.startswith(before) or not plain.endswith(after):
-        return None
-    return plain[len(before):len(plain) - len(after)]

@@ -1,7 +1,7 @@
 """Rendered examples to ``input_ids`` and ``labels``, with the length policy and a report of what was kept.
 
 ``labels`` are aligned with ``input_ids`` (HF convention: the model shifts them by one inside its loss);
-``IGNORE_INDEX`` (-100, defined here for all of anyfit) marks a position without loss. Position 0 is always
+``IGNORE_INDEX`` (-100, from ``anyfit.data.audit``, which checks the masks) marks a position without loss. Position 0 is always
 ignored because no token predicts it, so the count of other labels is exactly the number of tokens the
 loss is taken over.
 
@@ -16,15 +16,17 @@ exactly which tokens carry loss is the quickest check that a template and mask a
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
 
 from anyfit.config import DataConfig
+from anyfit.data.audit import IGNORE_INDEX, Findings, MaskAudit, audit_lines
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.sources import DataError
 from anyfit.data.templates import (
@@ -42,7 +44,6 @@ from anyfit.data.templates import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-IGNORE_INDEX = -100  # the label of a position without loss (PyTorch's cross-entropy default ignore_index)
 GREEN = "\033[32m"
 GREY = "\033[90m"
 RESET = "\033[0m"
@@ -51,7 +52,9 @@ OPEN, CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧: rarely found in training text, so t
 
 @dataclass
 class DataReport:
-    """What tokenization did to the data. Lengths and token counts are over the kept examples."""
+    """What tokenization did to the data. ``loaded`` counts records; a record can make several examples (a
+    conversation split per assistant turn), and the other counts are of examples. Lengths and token counts are over
+    the kept examples. ``unused``, ``audit``, ``audit_places`` and ``split_records``: see ``anyfit.data.audit``."""
 
     loaded: int = 0
     truncated: int = 0
@@ -67,9 +70,14 @@ class DataReport:
     mean_length: float = 0.0
     length_limit: int = 0  # data.max_length
     overlong: str = "truncate"  # data.overlong
+    unused: dict[str, int] = field(default_factory=dict)  # record fields / message keys with content not read
+    audit: dict[str, int] = field(default_factory=dict)  # mask audit finding -> records
+    audit_places: dict[str, list[str]] = field(default_factory=dict)  # the first records of each finding
+    split_records: int = 0  # records made into several examples
 
     def summary(self) -> str:
-        parts = [f"Loaded {self.loaded} examples, kept {self.kept}."]
+        made = f" ({self.split_records} split into several examples)" if self.split_records else ""
+        parts = [f"Loaded {self.loaded} records{made}, kept {self.kept} examples."]
         if self.truncated:
             parts.append(f"{self.truncated} were cut to data.max_length={self.length_limit} tokens "
                          f"({self.truncated_tokens:,} tokens cut away).")
@@ -89,7 +97,8 @@ class DataReport:
             share = 100.0 * self.trainable_tokens / max(self.total_tokens, 1)
             parts.append(f"{self.total_tokens:,} tokens, {self.trainable_tokens:,} trained on ({share:.0f}%); "
                          f"longest {self.max_length}, mean {self.mean_length:.1f} tokens per example.")
-        return " ".join(parts)
+        # What was left unread and what the mask audit found: a line each, after the counts.
+        return "\n  ".join([" ".join(parts), *audit_lines(dataclasses.asdict(self))])
 
 
 TokenizedExample = dict[str, list[int]]  # {"input_ids": [...], "labels": [...]}
@@ -119,9 +128,9 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
                      tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> tuple[list[TokenizedExample], DataReport]:
     """Tokenize raw records (normalised with ``cfg``) or Examples; apply ``cfg.max_length``/``cfg.overlong``.
 
-    Returns ``[{"input_ids": [...], "labels": [...]}, ...]`` (unpadded) and the report. Raises
-    DataError if no example is left, saying which filter removed them and which setting to change.
-    ``cfg`` is taken as validated (``anyfit.config.validate`` checks ``data.template``).
+    Returns ``[{"input_ids": [...], "labels": [...]}, ...]`` (unpadded; a record can make several, see
+    ``anyfit.data.chat``) and the report. Raises DataError if no example is left, saying which filter removed them
+    and which setting to change. ``cfg`` is taken as validated (``anyfit.config.validate`` checks ``data.template``).
     """
     if not records_or_examples:
         raise DataError("No examples to tokenize: the dataset is empty.")
@@ -130,39 +139,64 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
     else:
         examples = to_examples(records_or_examples, cfg)
     results = tokenize_each(examples, tokenizer, cfg)
-    out = [{"input_ids": ids, "labels": labels} for fate, ids, labels, _ in results if fate.kept]
-    report = report_of([fate for fate, *_ in results], [len(e["input_ids"]) for e in out],
+    parts = [part for result in results for part in result.parts]
+    out = [{"input_ids": ids, "labels": labels} for fate, ids, labels, _ in parts if fate.kept]
+    findings = Findings()
+    for result in results:
+        findings.add(result)
+    report = report_of([fate for fate, *_ in parts], [len(e["input_ids"]) for e in out],
                        [_count_trained(e["labels"]) for e in out], cfg.max_length, cfg.overlong,
-                       cut=[cut for *_, cut in results])
+                       cut=[cut for *_, cut in parts], records=len(results), findings=findings)
     if not out:
         raise DataError(nothing_left(report))
+    findings.check(cfg)
     return out, report
 
 
+@dataclass
+class RecordResult:
+    """What one record became: its parts (``(fate, input_ids, labels, cut)`` of each example it makes, after the
+    length policy; empty lists for a dropped one), the fields it left unread, and what the mask audit found."""
+
+    parts: list[tuple[Fate, list[int], list[int], int]]
+    unused: tuple[str, ...] = ()
+    findings: tuple[str, ...] = ()
+    place: str = ""
+
+
 def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
-                  cfg: DataConfig) -> list[tuple[Fate, list[int], list[int], int]]:
-    """``(fate, input_ids, labels, cut)`` of every example, in order, after the length policy (empty lists for a
-    dropped one; ``cut``: the tokens a truncation removed): the one rule behind ``tokenize_dataset`` and the token
-    store (``anyfit.data.store``)."""
+                  cfg: DataConfig) -> list[RecordResult]:
+    """The result of every example, in order: the one rule behind ``tokenize_dataset`` and the token store
+    (``anyfit.data.store``)."""
     if not examples:
         return []
+    audit = MaskAudit.of(tokenizer, cfg)
+    # laid_out: the mask is anyfit's own segments (assistant turns by construction), not a template's or the data's.
+    laid_out = [False] * len(examples)
     if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
-        pairs: list[tuple[list[int], list[int]] | None] = [_pretokenized(e, cfg, len(tokenizer)) for e in examples]
+        pairs = [[_pretokenized(e, cfg, len(tokenizer))] for e in examples]
     else:
         renderings: list[Rendered] = []
-        rendered_at: list[int] = []
+        owners: list[int] = []
+        pairs = [[] for _ in examples]
         # Rendering (chat templates, one example at a time) is the slow part on large sets: a bar from 5k examples.
         for i, example in enumerate(tqdm(examples, desc="render", unit="example", leave=False,
                                          disable=len(examples) < 5000)):
             try:
-                renderings.append(render(example, tokenizer, cfg))
-                rendered_at.append(i)
+                parts = render(example, tokenizer, cfg)
             except MissingAnswer:
-                pass
-        pairs = [None] * len(examples)
-        for i, pair in zip(rendered_at, _tokenize_renderings(renderings, tokenizer, cfg)):
-            pairs[i] = pair
-    return [_length_policy(pair, cfg) for pair in pairs]
+                continue
+            renderings += parts
+            owners += [i] * len(parts)
+            laid_out[i] = all(isinstance(r, Rendering) for r in parts)
+        for i, pair in zip(owners, _tokenize_renderings(renderings, tokenizer, cfg)):
+            pairs[i].append(pair)
+    results = []
+    for example, example_pairs, own in zip(examples, pairs, laid_out):
+        found = [f for ids, labels in example_pairs for f in audit.check(ids, labels, own, example)]
+        parts = [_length_policy(pair, cfg) for pair in example_pairs] or [_length_policy(None, cfg)]
+        results.append(RecordResult(parts, example.unused, tuple(dict.fromkeys(found)), example.place))
+    return results
 
 
 def _length_policy(pair: tuple[list[int], list[int]] | None,
@@ -185,11 +219,14 @@ def _length_policy(pair: tuple[list[int], list[int]] | None,
 
 
 def report_of(fates: Sequence[Fate], lengths: Sequence[int], trainable: Sequence[int], max_length: int,
-              overlong: str, cut: Sequence[int] = ()) -> DataReport:
-    """The report of records with these fates; ``lengths``/``trainable``: of the kept ones; ``cut``: the tokens
-    truncation removed, per record."""
-    report = DataReport(loaded=len(fates), length_limit=max_length, overlong=overlong,
-                        truncated_tokens=int(sum(cut)))
+              overlong: str, cut: Sequence[int] = (), records: int | None = None,
+              findings: Findings | None = None) -> DataReport:
+    """The report of examples with these fates (``records``: of how many records, default one each); ``lengths`` /
+    ``trainable``: of the kept ones; ``cut``: the tokens truncation removed, per example; ``findings``: what the
+    records left unread and the mask audit found."""
+    report = DataReport(loaded=len(fates) if records is None else records, length_limit=max_length,
+                        overlong=overlong, truncated_tokens=int(sum(cut)),
+                        **(findings.as_report() if findings is not None else {}))
     for fate in fates:
         if fate in _REPORT_FIELD:
             name = _REPORT_FIELD[fate]
@@ -203,12 +240,11 @@ def report_of(fates: Sequence[Fate], lengths: Sequence[int], trainable: Sequence
 
 
 def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase,
-                     cfg: DataConfig) -> tuple[list[int], list[int]]:
-    """(input_ids, labels) of one example, before the length policy (for inspecting a single example)."""
+                     cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of each example one record makes, before the length policy (for inspecting a record)."""
     if example.kind == "tokens":
-        return _pretokenized(example, cfg, len(tokenizer))
-    ((input_ids, labels),) = _tokenize_renderings([render(example, tokenizer, cfg)], tokenizer, cfg)
-    return input_ids, labels
+        return [_pretokenized(example, cfg, len(tokenizer))]
+    return _tokenize_renderings(render(example, tokenizer, cfg), tokenizer, cfg)
 
 
 def prompt_token_ids(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> list[int]:
@@ -306,7 +342,8 @@ def _tokenize_template_masked(renderings: Sequence[TemplateMasked], tokenizer: P
     for rendering in renderings:
         try:
             enc = tokenizer.apply_chat_template(rendering.messages, chat_template=template, tokenize=True,
-                                                return_dict=True, return_assistant_tokens_mask=True)
+                                                return_dict=True, return_assistant_tokens_mask=True,
+                                                **({"tools": rendering.tools} if rendering.tools else {}))
         except Exception as e:  # jinja raises its own errors from template code
             raise DataError(f"{rendering.place}: the chat template failed on this conversation: "
                             f"{' '.join(str(e).split())}") from e

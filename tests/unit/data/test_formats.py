@@ -82,10 +82,10 @@ def test_prompt_as_messages_and_conversational_completion():
     assert ex.prompt == CHAT[:1] and ex.completion == "hello"
 
 
-def test_sharegpt_conversations():
+def test_sharegpt_conversations_need_no_mapping():
     record = {"conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello"}]}
-    with pytest.raises(DataError, match=r"data.fields: \{messages: conversations\}"):
-        to_examples([record], DataConfig())
+    (ex,) = to_examples([record], DataConfig())
+    assert ex.messages == CHAT
     (ex,) = to_examples([record], DataConfig(fields={"messages": "conversations"}))
     assert ex.messages == CHAT
 
@@ -106,7 +106,7 @@ def test_pretokenized_records_keep_their_ids_and_mask(qwen_tokenizer):
     from anyfit.data.tokenization import tokenize_example
 
     example = to_examples(records[:1], DataConfig())[0]  # what `anyfit render` shows
-    assert tokenize_example(example, qwen_tokenizer, DataConfig()) == ([5, 6, 7, 8], [IGNORE_INDEX, IGNORE_INDEX, 7, 8])
+    assert tokenize_example(example, qwen_tokenizer, DataConfig()) == [([5, 6, 7, 8], [IGNORE_INDEX, IGNORE_INDEX, 7, 8])]
 
 
 @pytest.mark.parametrize("record, message", [
@@ -128,9 +128,9 @@ def test_unknown_role_names_record_role_and_the_accepted_roles():
     msg = str(e.value)
     assert msg.startswith("Record 1: message 1 of 'messages' has role 'robot'")
     assert "system, user, assistant, tool" in msg and "\n" not in msg
-    sharegpt = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "observation", "value": "x"}]}]
-    with pytest.raises(DataError, match="role 'observation'.*ShareGPT's human/gpt are mapped"):
-        to_examples(sharegpt, DataConfig(fields={"messages": "conversations"}))
+    sharegpt = [{"conversations": [{"from": "human", "value": "hi"}, {"from": "narrator", "value": "x"}]}]
+    with pytest.raises(DataError, match="role 'narrator'.*ShareGPT's human/gpt/observation/function_call are mapped"):
+        to_examples(sharegpt, DataConfig())
 
 
 @pytest.mark.parametrize("messages, message", [
@@ -141,8 +141,8 @@ def test_unknown_role_names_record_role_and_the_accepted_roles():
     ([{"role": "user"}], "message 0 of 'messages' has no 'content'"),
     ([{"role": "user", "content": 5}], "message 0 of 'messages': 'content' must be a string, got 5"),
     ([{"role": "user", "content": None}], "message 0 of 'messages': 'content' is null"),
-    ([{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
-     "message 0 of 'messages' has a list of content parts"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x.png"}]}],
+     "message 0 of 'messages': 'content' holds non-text parts"),
     ([{"role": 1, "content": "hi"}], "message 0 of 'messages' has role 1"),
 ])
 def test_message_shape_errors_are_one_line_and_name_the_record(messages, message):

@@ -175,7 +175,7 @@ def test_single_turn_messages_work_with_text_templates(qwen_tokenizer):
 def test_show_example(qwen_tokenizer):
     record = {"prompt": "What is 2+2?", "completion": "4"}
     (ex,) = to_examples([record], DataConfig(template="plain"))
-    ids, labels = tokenize_example(ex, qwen_tokenizer, DataConfig(template="plain"))
+    ((ids, labels),) = tokenize_example(ex, qwen_tokenizer, DataConfig(template="plain"))
     plain = show_example(ids, labels, qwen_tokenizer, color=False)
     assert plain == f"What is 2+2?⟦4<|im_end|>⟧\n{len(ids)} tokens, 2 trained ({200 / len(ids):.0f}%)"
     colored = show_example(ids, labels, qwen_tokenizer, color=True)
@@ -185,7 +185,7 @@ def test_show_example(qwen_tokenizer):
 def test_report_summary(qwen_tokenizer):
     _, report = tokenize_dataset([TWO_TURNS, {"messages": TWO_TURNS["messages"][:2]}], qwen_tokenizer, DataConfig())
     assert report.kept == 2 and report.mean_length == report.total_tokens / 2
-    assert report.summary().startswith("Loaded 2 examples, kept 2.")
+    assert report.summary().startswith("Loaded 2 records, kept 2 examples.")
 
 
 class _BosTokenizer:
@@ -195,6 +195,9 @@ class _BosTokenizer:
 
     def __init__(self, tok):
         self.tok, self.eos_token_id = tok, tok.eos_token_id
+
+    def __getattr__(self, name):  # the rest (chat template, special tokens) is the Qwen tokenizer's
+        return getattr(self.tok, name)
 
     def __call__(self, text, add_special_tokens=True):
         enc = self.tok(text, add_special_tokens=False)

@@ -185,7 +185,7 @@ def test_parallel_build_gives_the_same_store(tokenizer, tmp_path):
     two = open_or_build(data_cfg(path, tmp_path / "b", "data.template=chat", "data.num_proc=2"), tokenizer,
                         echo=lambda *a: None)
     assert one.folder.name == two.folder.name  # num_proc is not part of the key
-    for name in ("input_ids", "loss_mask", "offsets", "trainable", "record_fate", "record_example"):
+    for name in ("input_ids", "loss_mask", "offsets", "trainable", "part_record", "part_fate", "part_example"):
         assert (one.folder / f"{name}.bin").read_bytes() == (two.folder / f"{name}.bin").read_bytes(), name
 
 

@@ -1,0 +1,191 @@
+"""The mask audit: every tokenized example checked for what it teaches, over the whole data set.
+
+Two findings per example, counted in the data report with the first few records named:
+
+- ``no_stop``: a trained span that does not end with a token that ends generation (the tokenizer's EOS or the chat
+  template's end-of-turn token, ``end_of_turn_ids``): the model would not learn to stop there. Reported, not refused:
+  pre-tokenized data and ``data.add_eos=false`` may mean it;
+- ``trained_prompt``: the header of a user or tool turn inside a trained span, under ``data.train_on=completion``:
+  the model would learn to write the user's part. anyfit's own renderings never train one (their masks are the
+  assistant turns by construction), so it is looked for where the mask came from elsewhere: a chat template's
+  ``{% generation %}`` spans (``data.template=trl``) or the data's own ``completion_mask``. It stops the run for a
+  template's mask; for the data's own mask it is reported (the authors may mean it).
+
+A conversation with nothing to train is dropped and counted by the length policy (``anyfit.data.tokenization``); a
+turn whose reasoning the template would leave out (an empty think block trained instead) is refused when rendered
+(``anyfit.data.chat``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from anyfit.config import DataConfig
+from anyfit.data.records import DataError
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+IGNORE_INDEX = -100
+NAMED = 3  # records named per finding in the report
+FINDINGS = {
+    "no_stop": "trained spans that do not end with an end-of-turn or EOS token (the model would not learn to stop "
+               "there)",
+    "trained_prompt": "user or tool turns inside the trained tokens (the model would learn to write the prompt)",
+    "trained_prompt_data": "user or tool turns inside the tokens the data's completion_mask trains",
+}
+# Probe contents: text no real conversation holds, so finding them in a rendering is unambiguous.
+_USER, _ANSWER, _NEXT, _TOOL = "\x01anyfit-user\x01", "\x01anyfit-answer\x01", "\x01anyfit-next\x01", "\x01anyfit-tool\x01"
+
+
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The special tokens a chat template writes after an assistant's answer (and after a tool call, where the
+    template renders those): Qwen's <|im_end|>, Llama 3's <|eot_id|>, ... Found by rendering probe conversations
+    and tokenizing what follows the answer; [] without a chat template."""
+    tails = []
+    try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _USER}, {"role": "assistant", "content":
+                                              _ANSWER}], tokenize=False)
+        tails.append(text[text.rindex(_ANSWER) + len(_ANSWER):])
+        call = {"type": "function", "function": {"name": "anyfit_probe", "arguments": {"x": 1}}}
+        text = tokenizer.apply_chat_template([{"role": "user", "content": _USER},
+                                              {"role": "assistant", "content": "", "tool_calls": [call]}],
+                                             tokenize=False)
+        if "anyfit_probe" in text:
+            tails.append(text[text.rindex("anyfit_probe"):])
+    except Exception:  # no chat template, or one that refuses the probe: nothing learnt from it
+        pass
+    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
+    ids: list[int] = []
+    for tail in tails:
+        for token in tokenizer(tail, add_special_tokens=False)["input_ids"]:
+            if token in special:
+                if token not in ids:
+                    ids.append(token)
+                break  # the first special token after the answer ends it
+    return ids
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """The tokens that end generation after training: the EOS and the template's end-of-turn tokens."""
+    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    return ids + [i for i in end_of_turn_ids(tokenizer) if i not in ids]
+
+
+def _turn_headers(tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The text a chat template writes to open a user turn and a tool turn (``<|im_start|>user``), without the
+    end-of-turn text before it: what follows the end of an answer up to the next turn's content."""
+    headers = []
+    for nxt in ({"role": "user", "content": _NEXT}, {"role": "tool", "content": _NEXT}):
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": _USER},
+                                                  {"role": "assistant", "content": _ANSWER}, nxt], tokenize=False)
+        except Exception:  # a template without tool turns
+            continue
+        if _ANSWER in text and _NEXT in text:
+            between = text[text.index(_ANSWER) + len(_ANSWER):text.index(_NEXT)]
+            for token in tokenizer.all_special_tokens:  # the end-of-turn text of the answer is not the header
+                if between.startswith(token):
+                    between = between[len(token):]
+            if between.strip():
+                headers.append(between.strip())
+    return headers
+
+
+@dataclass
+class MaskAudit:
+    """The checks of one data configuration and tokenizer (nothing to check when every token is trained)."""
+
+    stops: frozenset[int] = frozenset()
+    headers: tuple[str, ...] = ()
+    tokenizer: Any = None
+    active: bool = False
+
+    @staticmethod
+    def of(tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> MaskAudit:
+        if cfg.train_on == "all":
+            return MaskAudit()
+        return MaskAudit(frozenset(stop_ids(tokenizer)), tuple(_turn_headers(tokenizer)), tokenizer, True)
+
+    def check(self, ids: list[int], labels: list[int], laid_out: bool, example: Any) -> list[str]:
+        """The findings of one tokenized example (before the length policy). ``laid_out``: its mask is anyfit's own
+        segments."""
+        if not self.active or not ids:
+            return []
+        trained = np.asarray(labels) != IGNORE_INDEX
+        if not trained.any():
+            return []
+        edges = np.diff(np.concatenate(([0], trained.astype(np.int8), [0])))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)  # spans [start, end)
+        found = []
+        if self.stops and any(ids[e - 1] not in self.stops for e in ends):
+            found.append("no_stop")
+        if not laid_out and self.headers:
+            text = [self.tokenizer.decode(ids[s:e], skip_special_tokens=False) for s, e in zip(starts, ends)]
+            if any(h in t for h in self.headers for t in text):
+                found.append("trained_prompt_data" if example.kind == "tokens" else "trained_prompt")
+        return found
+
+
+@dataclass
+class Findings:
+    """What a data set's records left unread and what the audit found, summed over its batches."""
+
+    unused: Counter = field(default_factory=Counter)
+    counts: Counter = field(default_factory=Counter)
+    places: dict[str, list[str]] = field(default_factory=dict)
+    split: int = 0  # records made into several examples
+
+    def add(self, result: Any) -> None:
+        """Count one record's result (``anyfit.data.tokenization.RecordResult``)."""
+        self.unused.update(result.unused)
+        self.split += len(result.parts) > 1
+        for name in result.findings:
+            self.counts[name] += 1
+            named = self.places.setdefault(name, [])
+            if len(named) < NAMED:
+                named.append(result.place)
+
+    def merge(self, other: Findings) -> None:
+        self.unused.update(other.unused)
+        self.counts.update(other.counts)
+        self.split += other.split
+        for name, named in other.places.items():
+            mine = self.places.setdefault(name, [])
+            mine += named[: NAMED - len(mine)]
+
+    def as_report(self) -> dict[str, Any]:
+        return {"unused": dict(self.unused), "audit": dict(self.counts), "audit_places": dict(self.places),
+                "split_records": self.split}
+
+    def check(self, cfg: DataConfig) -> None:
+        """Refuse the data where the audit found what cannot be trained as meant (see the module docstring)."""
+        if self.counts.get("trained_prompt"):
+            raise DataError(f"The mask audit found {self.counts['trained_prompt']} records whose trained tokens "
+                            f"include a user or tool turn (first: {', '.join(self.places['trained_prompt'])}): the "
+                            "chat template's {% generation %} spans cover more than the assistant's turns. Use "
+                            "data.template=chat (assistant turns found by rendering), or fix the template's markers.")
+
+
+def audit_lines(report: dict[str, Any]) -> list[str]:
+    """The data report's lines about unread fields, split records and audit findings (empty when there is nothing
+    to say)."""
+    lines = []
+    if report.get("split_records"):
+        lines.append(f"{report['split_records']} conversations were split into one example per assistant turn (or "
+                     "per run of turns): the chat template renders earlier turns differently once the conversation "
+                     "goes on (e.g. it drops their reasoning), so each turn is trained in the context it gets at "
+                     "inference.")
+    unused = report.get("unused") or {}
+    if unused:
+        fields = ", ".join(f"'{k}' ({n} records)" for k, n in sorted(unused.items(), key=lambda kv: -kv[1])[:8])
+        lines.append(f"Not used for training (no format field reads them): {fields}"
+                     f"{', ...' if len(unused) > 8 else ''}.")
+    for name, count in (report.get("audit") or {}).items():
+        places = ", ".join(report.get("audit_places", {}).get(name, []))
+        lines.append(f"Mask audit: {count} records with {FINDINGS[name]}; first: {places}.")
+    return lines

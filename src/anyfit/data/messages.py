@@ -1,0 +1,179 @@
+"""One message of a conversation, as the data's authors wrote it, in the canonical form chat templates read.
+
+The shapes found on the hub, all read without a mapping:
+
+- OpenAI / TRL: ``{"role", "content"}``; an assistant turn may call tools, ``"tool_calls": [{"type": "function",
+  "function": {"name", "arguments"}}]`` (the flat ``{"name", "arguments"}`` too, and the legacy ``function_call``),
+  with ``content`` missing, null or empty; ``tool`` turns carry ``tool_call_id`` / ``name``; content may be a list
+  of text parts;
+- reasoning: ``reasoning_content`` (Qwen3, DeepSeek), ``thinking`` (gpt-oss) or ``reasoning`` on assistant turns;
+- ShareGPT: ``{"from", "value"}`` with human/gpt/system, and the tool spellings of LLaMA-Factory and Glaive:
+  ``function_call`` (a JSON ``{"name", "arguments"}``: an assistant tool call) and ``observation`` (a tool result).
+
+The canonical message is ``{"role", "content"}`` plus, where present, ``tool_calls`` (always the OpenAI form, the
+arguments a JSON object: chat templates such as Qwen2.5's write them with ``tojson``, so a JSON string would be
+quoted twice), ``reasoning_content``, ``name`` and ``tool_call_id``. Keys that hold content but that no template
+reads are returned as ``unused``, so nothing disappears without being counted (``anyfit.data.fields``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from anyfit.data.records import DataError
+
+Message = dict[str, Any]
+
+# The roles of the chat-template convention. Whether the tokenizer's template renders tool turns is checked
+# when it is applied (anyfit.data.templates).
+ROLES = ("system", "user", "assistant", "tool")
+# Spellings of the roles in public data sets: ShareGPT (human/gpt), LLaMA-Factory (observation, function_call),
+# OpenAI's legacy 'function' role (a tool result), Gemini's 'model'.
+ROLE_ALIASES = {"human": "user", "gpt": "assistant", "model": "assistant", "observation": "tool",
+                "function": "tool", "function_response": "tool", "ipython": "tool", "tool_response": "tool"}
+# Where a reasoning trace is kept, in order of preference; the canonical key is the first.
+REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+# Message keys read here (besides the reasoning keys); the rest are reported as unused when they hold content.
+_READ = {"role", "content", "from", "value", "tool_calls", "function_call", "name", "tool_call_id", *REASONING_KEYS}
+
+
+def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) -> tuple[Message, list[str]]:
+    """``m`` in canonical form and the names of its keys that hold content but are not read. ``where`` names the
+    message in errors (``Record 3 (data.jsonl:5): message 2 of 'messages'``); ``ignore``: keys to train without
+    (``data.ignore_fields``), as if absent."""
+    if not isinstance(m, Mapping):
+        raise DataError(f"{where} must be an object {{\"role\": ..., \"content\": ...}}, got {short(m)}.")
+    if ignore:
+        m = {k: v for k, v in m.items() if k not in ignore}
+    sharegpt = "from" in m and "role" not in m
+    raw_role = m.get("from") if sharegpt else m.get("role")
+    if raw_role is None:
+        raise DataError(f"{where} has no 'role' (or ShareGPT 'from'); each message needs one, got {short(m)}.")
+    content = m.get("value") if sharegpt else m.get("content")
+    role = str(raw_role).lower() if isinstance(raw_role, str) else raw_role
+    out: Message = {}
+    if role == "function_call":  # LLaMA-Factory / Glaive: the value is the call itself, as JSON
+        out = {"role": "assistant", "content": "", "tool_calls": _calls(_json(content, f"{where}: 'value'"), where)}
+    else:
+        role = ROLE_ALIASES.get(role, role)
+        if role not in ROLES:
+            raise DataError(f"{where} has role {short(raw_role)}; the roles are {', '.join(ROLES)} (ShareGPT's human/gpt/"
+                            "observation/function_call are mapped). Rename the role in the data.")
+        calls = m.get("tool_calls") or (m.get("function_call") and [m["function_call"]])
+        if calls and role != "assistant":
+            raise DataError(f"{where} has tool calls on a {role!r} message; only assistant turns call tools.")
+        if content is None and not calls and "content" not in m and not sharegpt:
+            raise DataError(f"{where} has no 'content'; each message needs one, got {short(m)}.")
+        out = {"role": role, "content": _content(content, f"{where}: 'content'", empty_ok=bool(calls))}
+        if calls:
+            out["tool_calls"] = _calls(calls, where)
+    reasoning = next((m[k] for k in REASONING_KEYS if isinstance(m.get(k), str) and m[k].strip()), None)
+    if reasoning is not None:
+        if out["role"] != "assistant":
+            raise DataError(f"{where} has a reasoning trace on a {out['role']!r} message; only assistant turns reason.")
+        out["reasoning_content"] = text(reasoning, f"{where}: reasoning")
+    for key in ("name", "tool_call_id"):
+        if m.get(key) is not None:
+            out[key] = str(m[key])
+    unused = [k for k, v in m.items() if k not in _READ and has_content(v)]
+    return out, unused
+
+
+def parse_tools(value: Any, where: str) -> list[dict] | None:
+    """A record's ``tools``: a list of JSON-schema function definitions, or that list as a JSON string (as TRL
+    documents it, since Arrow cannot type free-form schemas); None when absent or empty."""
+    if isinstance(value, str):
+        value = _json(value, where) if value.strip() else None
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or not all(isinstance(t, Mapping) for t in value):
+        raise DataError(f"{where} must be a list of function definitions ({{\"type\": \"function\", \"function\": "
+                        f"{{\"name\", \"description\", \"parameters\"}}}}), or that list as a JSON string; got "
+                        f"{short(value)}.")
+    return [dict(t) for t in value]
+
+
+def _calls(value: Any, where: str) -> list[dict]:
+    calls = value if isinstance(value, list) else [value]
+    out = []
+    for k, call in enumerate(calls):
+        at = f"{where}: tool call {k}"
+        if not isinstance(call, Mapping):
+            raise DataError(f"{at} must be an object {{\"type\": \"function\", \"function\": {{\"name\", "
+                            f"\"arguments\"}}}}, got {short(call)}.")
+        function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+        name = function.get("name")
+        if not isinstance(name, str) or not name:
+            raise DataError(f"{at} has no function name, got {short(call)}.")
+        arguments = function.get("arguments", function.get("parameters", {}))
+        if isinstance(arguments, str):
+            arguments = _json(arguments, f"{at}: 'arguments'") if arguments.strip() else {}
+        if arguments is None:
+            arguments = {}
+        if not isinstance(arguments, Mapping):
+            raise DataError(f"{at}: 'arguments' must be a JSON object (or its JSON string), got {short(arguments)}.")
+        normal: dict[str, Any] = {"type": "function", "function": {"name": name, "arguments": dict(arguments)}}
+        if call.get("id") is not None:
+            normal["id"] = str(call["id"])
+        out.append(normal)
+    return out
+
+
+def _json(value: Any, where: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError as e:
+        raise DataError(f"{where} is not valid JSON ({e}): {short(value)}.") from None
+
+
+def _content(value: Any, where: str, empty_ok: bool) -> str:
+    """Message content as text: a string; a list of text parts joined (OpenAI's multi-part form); '' for a tool
+    call's missing or null content."""
+    if value is None and empty_ok:
+        return ""
+    if isinstance(value, list):
+        parts = [p.get("text") if isinstance(p, Mapping) and p.get("type", "text") == "text" else None for p in value]
+        if any(not isinstance(p, str) for p in parts):
+            raise DataError(f"{where} holds non-text parts ({short(value)}); anyfit trains text models: keep the "
+                            "text parts only.")
+        return "".join(parts)
+    return text(value, where, numbers=False)
+
+
+def text(value: Any, where: str, expected: str = "a string", numbers: bool = True) -> str:
+    """``value`` as training text: a string, or (``numbers``) a finite number written out (GSM8K-style answers)."""
+    if isinstance(value, str):
+        # A JSON escape such as "\ud800" without its pair gives a string that is not text and that no
+        # tokenizer accepts; caught here, where the record is known.
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise DataError(f"{where} holds an unpaired surrogate {value[e.start]!r} (a \\uXXXX escape in the "
+                                "JSON without its pair), which is not text; fix or remove it.") from None
+        return value
+    if numbers and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if value != value or value in (float("inf"), float("-inf")):
+            raise DataError(f"{where} is {value!r}, not text: a missing value? Fill it in or drop the record.")
+        return str(value)
+    if value is None:
+        raise DataError(f"{where} is null; it must be {expected}. Fill it in or drop the record.")
+    raise DataError(f"{where} must be {expected}, got {short(value)}.")
+
+
+def has_content(value: Any) -> bool:
+    """Whether a field holds something (Arrow fills absent keys with None; empty strings and lists hold nothing)."""
+    if value is None:
+        return False
+    if isinstance(value, (str, list, tuple, dict)):
+        return bool(value.strip() if isinstance(value, str) else value)
+    return True
+
+
+def short(value: Any, width: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= width else text[:width] + "..."
