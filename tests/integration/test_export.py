@@ -158,6 +158,56 @@ def test_lora_run_merges_into_a_folder_with_the_adapter_on_base_logits(lora_run,
     assert card.startswith("---\nlibrary_name: transformers")  # Hub metadata first
 
 
+def test_the_export_stops_generating_at_the_chat_templates_end_of_turn(tiny_qwen2_dir, qwen_base_tokenizer_dir,
+                                                                       tmp_path):
+    """A base model whose EOS is <|endoftext|> while its chat template ends turns with <|im_end|> (Qwen2.5 and
+    SmolLM2 base models): transformers, generating from the export, ends the answer at <|im_end|>."""
+    from transformers import AutoTokenizer, LogitsProcessor
+
+    base = tmp_path / "base"  # the tiny Qwen2, with the base tokenizer and configs that stop at <|endoftext|> only
+    shutil.copytree(tiny_qwen2_dir, base)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copyfile(qwen_base_tokenizer_dir / name, base / name)
+    tok = AutoTokenizer.from_pretrained(base)
+    endoftext, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    shipped = {"bos_token_id": endoftext, "eos_token_id": endoftext, "repetition_penalty": 1.05, "top_k": 20}
+    (base / "generation_config.json").write_text(json.dumps(shipped))
+    config = json.loads((base / "config.json").read_text())
+    (base / "config.json").write_text(json.dumps({**config, "eos_token_id": endoftext}))
+
+    lines = []
+    out = export(base, tmp_path / "out", dtype="fp32", echo=lines.append).out
+    assert "[anyfit] export: generation stops at <|endoftext|>, <|im_end|>" in lines
+    written = json.loads((out / "generation_config.json").read_text())
+    assert written["eos_token_id"] == [endoftext, im_end]
+    assert {k: written[k] for k in ("bos_token_id", "repetition_penalty", "top_k")} == {
+        "bos_token_id": endoftext, "repetition_penalty": 1.05, "top_k": 20}  # the rest as the base ships it
+
+    class EndOfTurnAtStep(LogitsProcessor):
+        """The answer "Hi Hi" and then <|im_end|>; the same word after it, had generation gone on."""
+
+        def __init__(self, start: int, word: int):
+            self.start, self.word = start, word
+
+        def __call__(self, input_ids, scores):
+            forced = torch.full_like(scores, -float("inf"))
+            forced[:, im_end if input_ids.shape[1] - self.start == 2 else self.word] = 0
+            return forced
+
+    model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    prompt = tok.apply_chat_template([{"role": "user", "content": "Say hi twice."}], add_generation_prompt=True,
+                                     return_tensors="pt", return_dict=True)
+    start, word = prompt["input_ids"].shape[1], tok.convert_tokens_to_ids("Hi")
+
+    def generate(**settings) -> list[int]:
+        ids = model.generate(**prompt, max_new_tokens=10, do_sample=False,
+                             logits_processor=[EndOfTurnAtStep(start, word)], **settings)
+        return ids[0, start:].tolist()
+
+    assert generate() == [word, word, im_end]  # the export's own generation config
+    assert len(generate(eos_token_id=endoftext)) == 10  # the base's: on past the turn to max_new_tokens
+
+
 # GGUF
 
 

@@ -36,7 +36,9 @@ def cmd_render(args) -> int:
             break
         start += len(batch)
     # Show record N itself (even one the length policy would cut or drop), then what the policy does overall.
-    parts = tokenize_example(to_examples(record, resolve_fields(first, data), start=args.index)[0], tokenizer, data)
+    # Record N read as the build reads it: the format and columns found on record 0 (checked there).
+    resolved = data if args.index == 0 else resolve_fields(first, data)
+    parts = tokenize_example(to_examples(record, resolved, start=args.index)[0], tokenizer, data)
     color = sys.stdout.isatty() and not args.no_color
     print(f"record {args.index} of {data.path}:\n")
     for k, (ids, labels) in enumerate(parts):

@@ -3,7 +3,7 @@
 Two findings per example, counted in the data report with the first few records named:
 
 - ``no_stop``: a trained span that does not end with a token that ends generation (the tokenizer's EOS or the chat
-  template's end-of-turn token, ``end_of_turn_ids``): the model would not learn to stop there. Reported, not refused:
+  template's end-of-turn token, ``anyfit.data.stopping``): the model would not learn to stop there. Reported, not refused:
   pre-tokenized data and ``data.add_eos=false`` may mean it;
 - ``trained_prompt``: the header of a user or tool turn inside a trained span, under ``data.train_on=completion``:
   the model would learn to write the user's part. anyfit's own renderings never train one (their masks are the
@@ -26,6 +26,7 @@ import numpy as np
 
 from anyfit.config import DataConfig
 from anyfit.data.records import DataError
+from anyfit.data.stopping import stop_token_ids
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -39,41 +40,7 @@ FINDINGS = {
     "trained_prompt_data": "user or tool turns inside the tokens the data's completion_mask trains",
 }
 # Probe contents: text no real conversation holds, so finding them in a rendering is unambiguous.
-_USER, _ANSWER, _NEXT, _TOOL = "\x01anyfit-user\x01", "\x01anyfit-answer\x01", "\x01anyfit-next\x01", "\x01anyfit-tool\x01"
-
-
-def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The special tokens a chat template writes after an assistant's answer (and after a tool call, where the
-    template renders those): Qwen's <|im_end|>, Llama 3's <|eot_id|>, ... Found by rendering probe conversations
-    and tokenizing what follows the answer; [] without a chat template."""
-    tails = []
-    try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": _USER}, {"role": "assistant", "content":
-                                              _ANSWER}], tokenize=False)
-        tails.append(text[text.rindex(_ANSWER) + len(_ANSWER):])
-        call = {"type": "function", "function": {"name": "anyfit_probe", "arguments": {"x": 1}}}
-        text = tokenizer.apply_chat_template([{"role": "user", "content": _USER},
-                                              {"role": "assistant", "content": "", "tool_calls": [call]}],
-                                             tokenize=False)
-        if "anyfit_probe" in text:
-            tails.append(text[text.rindex("anyfit_probe"):])
-    except Exception:  # no chat template, or one that refuses the probe: nothing learnt from it
-        pass
-    special = set(tokenizer.all_special_ids) | {i for i, t in tokenizer.added_tokens_decoder.items() if t.special}
-    ids: list[int] = []
-    for tail in tails:
-        for token in tokenizer(tail, add_special_tokens=False)["input_ids"]:
-            if token in special:
-                if token not in ids:
-                    ids.append(token)
-                break  # the first special token after the answer ends it
-    return ids
-
-
-def stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """The tokens that end generation after training: the EOS and the template's end-of-turn tokens."""
-    ids = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
-    return ids + [i for i in end_of_turn_ids(tokenizer) if i not in ids]
+_USER, _ANSWER, _NEXT = "\x01anyfit-user\x01", "\x01anyfit-answer\x01", "\x01anyfit-next\x01"
 
 
 def _turn_headers(tokenizer: PreTrainedTokenizerBase) -> list[str]:
@@ -109,7 +76,7 @@ class MaskAudit:
     def of(tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> MaskAudit:
         if cfg.train_on == "all":
             return MaskAudit()
-        return MaskAudit(frozenset(stop_ids(tokenizer)), tuple(_turn_headers(tokenizer)), tokenizer, True)
+        return MaskAudit(frozenset(stop_token_ids(tokenizer)), tuple(_turn_headers(tokenizer)), tokenizer, True)
 
     def check(self, ids: list[int], labels: list[int], laid_out: bool, example: Any) -> list[str]:
         """The findings of one tokenized example (before the length policy). ``laid_out``: its mask is anyfit's own

@@ -59,7 +59,7 @@ class ChatTemplate:
 
     def apply(self, messages: list[Message], generation_prompt: bool) -> str:
         """The template's text of ``messages`` (with the generation prompt when asked)."""
-        shown = [self._shown(m) for m in messages]
+        shown = [self._shown({k: v for k, v in m.items() if k != "weight"}) for m in messages]
         kwargs: dict[str, Any] = {"tools": self.tools} if self.tools else {}
         try:
             try:

@@ -61,7 +61,7 @@ CONVERSATION_COLUMNS = ("messages", "conversations")
 # sources) are only counted in the data report.
 CONTENT_FIELDS = frozenset({
     "input", "context", "history", "instruction", "system", "system_prompt", "tools", "functions", "tool_calls",
-    "function_call", "reasoning_content", "reasoning", "thinking", "labels", "weight", "images", "image", "audio",
+    "function_call", "reasoning_content", "reasoning", "thinking", "labels", "images", "image", "audio",
 })
 # Column pairs of well-known public data sets, for the data.fields a refusal suggests (GSM8K, MATH, Alpaca-likes,
 # OpenAssistant-likes, ...), in order of preference.

@@ -12,7 +12,8 @@ The shapes found on the hub, all read without a mapping:
 
 The canonical message is ``{"role", "content"}`` plus, where present, ``tool_calls`` (always the OpenAI form, the
 arguments a JSON object: chat templates such as Qwen2.5's write them with ``tojson``, so a JSON string would be
-quoted twice), ``reasoning_content``, ``name`` and ``tool_call_id``. Keys that hold content but that no template
+quoted twice), ``reasoning_content``, ``name``, ``tool_call_id`` and ``weight`` (OpenAI's 0 or 1 on an assistant
+turn: 0 keeps it out of the loss). Keys that hold content but that no template
 reads are returned as ``unused``, so nothing disappears without being counted (``anyfit.data.fields``).
 """
 
@@ -36,7 +37,8 @@ ROLE_ALIASES = {"human": "user", "gpt": "assistant", "model": "assistant", "obse
 # Where a reasoning trace is kept, in order of preference; the canonical key is the first.
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
 # Message keys read here (besides the reasoning keys); the rest are reported as unused when they hold content.
-_READ = {"role", "content", "from", "value", "tool_calls", "function_call", "name", "tool_call_id", *REASONING_KEYS}
+_READ = {"role", "content", "from", "value", "tool_calls", "function_call", "name", "tool_call_id", "weight",
+         *REASONING_KEYS}
 
 
 def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) -> tuple[Message, list[str]]:
@@ -78,6 +80,11 @@ def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) 
     for key in ("name", "tool_call_id"):
         if m.get(key) is not None:
             out[key] = str(m[key])
+    if m.get("weight") is not None:  # OpenAI's fine-tuning format: weight 0 keeps an assistant turn out of the loss
+        if m["weight"] not in (0, 1) or isinstance(m["weight"], bool) or out["role"] != "assistant":
+            raise DataError(f"{where} has weight {short(m['weight'])}; a weight is 0 or 1, on assistant turns (0: the "
+                            "turn is context, not trained).")
+        out["weight"] = int(m["weight"])
     unused = [k for k, v in m.items() if k not in _READ and has_content(v)]
     return out, ignored + unused
 

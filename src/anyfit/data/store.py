@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 
 from anyfit.cache import cache_root, file_sha256
 from anyfit.config import DataConfig
-from anyfit.data import answers, audit, chat, formats, messages, templates, tokenization
+from anyfit.data import answers, audit, chat, formats, messages, stopping, templates, tokenization
 from anyfit.data.audit import Findings
 from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
@@ -72,7 +72,7 @@ ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "tr
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
-TOKENIZING_CODE = (formats, messages, chat, templates, audit, tokenization, answers)
+TOKENIZING_CODE = (formats, messages, chat, templates, stopping, audit, tokenization, answers)
 _KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
 BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
 PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves

@@ -196,6 +196,10 @@ def _render_trl(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataC
         return Joined(prompt + _with_eos(completion, eos), prompt if cfg.train_on == "completion" else None,
                       add_special_tokens=True)
     messages, _ = _chat_messages(example, cfg)
+    unweighted = next((j for j, m in enumerate(messages) if m.get("weight") == 0), None)
+    if unweighted is not None:
+        raise DataError(f"{example.place}: message {unweighted} has weight 0, but TRL trains every assistant turn "
+                        "(data.template=trl); use data.template=chat, which keeps it out of the loss.")
     chat = ChatTemplate(tokenizer, example.place, example.tools)
     chat.check_rendered(messages)
     if example.kind == "messages":
@@ -268,7 +272,7 @@ def _chat_messages(example: Example, cfg: DataConfig) -> tuple[list[Message], li
     """The full conversation and the indices of the assistant turns that carry loss."""
     if example.kind == "messages":
         messages = list(example.messages or [])
-        trained = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
+        trained = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight", 1)]
     else:
         prompt = example.prompt or ""
         if example.input and isinstance(prompt, str):

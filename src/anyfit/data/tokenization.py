@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 from anyfit.config import DataConfig
 from anyfit.data.audit import IGNORE_INDEX, Findings, MaskAudit, audit_lines
 from anyfit.data.formats import Example, to_examples
+from anyfit.data.stopping import stop_token_ids
 from anyfit.data.sources import DataError
 from anyfit.data.templates import (
     Joined,
@@ -300,6 +301,7 @@ def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTok
     """(input_ids, labels) of segment renderings: a trained segment's ids are its labels, a masked one's are
     IGNORE_INDEX (built a segment at a time, not a token at a time: this runs on every token of a data set)."""
     eos = tokenizer.eos_token_id
+    stops = set(stop_token_ids(tokenizer)) if any(not r.add_special_tokens for r in renderings) else set()
     prefix = _special_prefix(tokenizer)
     # One batched call: the fast tokenizer encodes the whole list in parallel.
     encoded = iter(_encode([s.text for r in renderings for s in r.segments], tokenizer))
@@ -311,10 +313,12 @@ def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTok
             ids = next(encoded)
             input_ids += ids
             labels += ids if segment.trained else [IGNORE_INDEX] * len(ids)
-        # The model must learn to stop: end the last trained segment with EOS unless it already does
-        # (Qwen's chat template ends turns with <|im_end|>, its EOS). The EOS goes at the very end, after
-        # the final trained segment, so earlier turns look exactly as the chat template renders them.
-        if cfg.add_eos and rendering.segments[-1].trained and input_ids[-1:] != [eos]:
+        # The model must learn to stop: end the last trained segment with EOS unless it already ends with a token
+        # that stops generation (the EOS, or the chat template's end of turn, which anyfit writes into every
+        # model's generation config: a base model's <|endoftext|> after <|im_end|> would be a token the model never
+        # writes at inference). The EOS goes at the very end, so earlier turns look exactly as the template renders.
+        if cfg.add_eos and rendering.segments[-1].trained and input_ids[-1:] != [eos] and not (
+                input_ids and not rendering.add_special_tokens and input_ids[-1] in stops):
             input_ids.append(eos)
             labels.append(eos)
         results.append((input_ids, labels))

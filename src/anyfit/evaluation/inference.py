@@ -39,6 +39,7 @@ from anyfit.hardware.runtime import inference_policy
 from anyfit.model.loading import load_for_inference
 from anyfit.model.shape import kv_cache_bytes, shape_from_config
 from anyfit.model.source import ModelLocation, locate_model
+from anyfit.data.stopping import stop_token_ids
 
 Prompt = str | list[int]
 FinishReason = Literal["eos", "stop", "length"]
@@ -368,16 +369,13 @@ def _first_stop(text: str, stops: Sequence[str]) -> tuple[int, str] | None:
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
-    """Token ids that end an answer: the tokenizer's EOS plus any the model's generation config names."""
-    ids: list[int] = []
-    if tokenizer.eos_token_id is not None:
-        ids.append(tokenizer.eos_token_id)
-    gen_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    for i in ([gen_eos] if isinstance(gen_eos, int) else (gen_eos or [])):
-        if i not in ids:
-            ids.append(i)
+    """Token ids that end an answer: the tokenizer's EOS, those the model's generation config and config name,
+    and the chat template's end-of-turn tokens (``anyfit.data.stopping``: a base model's EOS is often not where
+    its template ends a turn)."""
+    ids = stop_token_ids(tokenizer, getattr(model, "generation_config", None), getattr(model, "config", None))
     if not ids:
-        raise ValueError("neither the tokenizer nor the model's generation config defines an EOS token")
+        raise ValueError("neither the tokenizer, the model's configs nor its chat template name a token that ends "
+                         "an answer")
     return ids
 
 
@@ -427,6 +425,8 @@ class VLLMBackend:
             engine_kwargs.setdefault("max_lora_rank", next((r for r in _VLLM_LORA_RANKS if r >= rank), rank))
             self.lora_request = LoRARequest("anyfit-adapter", 1, loc.adapter)
         self.tokenizer = AutoTokenizer.from_pretrained(loc.tokenizer, trust_remote_code=trust_remote_code)
+        # vLLM stops at the EOS of the model's generation config by itself; the template's end of turn is added.
+        self.stop_ids = stop_token_ids(self.tokenizer)
         self.llm = vllm.LLM(model=weights, tokenizer=loc.tokenizer, dtype=dtype, seed=seed,
                             trust_remote_code=trust_remote_code, gpu_memory_utilization=gpu_memory_utilization,
                             max_model_len=max_model_len,
@@ -445,7 +445,7 @@ class VLLMBackend:
             return SamplingParams(n=1, temperature=params.temperature, top_p=1.0 if params.greedy else params.top_p,
                                   max_tokens=params.max_new_tokens, stop=list(params.stop) or None,
                                   include_stop_str_in_output=params.include_stop, seed=seed,
-                                  skip_special_tokens=True)
+                                  stop_token_ids=self.stop_ids, skip_special_tokens=True)
 
         outs = self.llm.generate([{"prompt_token_ids": p} for p in ids], [sampling(i) for i in range(len(ids))],
                                  lora_request=self.lora_request, use_tqdm=False)

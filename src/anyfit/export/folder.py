@@ -27,6 +27,7 @@ from anyfit.export.request import DTYPES, ExportRequest, check_request
 from anyfit.export.result import ExportResult
 from anyfit.export.sharded import gather_sharded_checkpoint
 from anyfit.model.loading import load_for_inference
+from anyfit.data.stopping import write_generation_config
 from anyfit.runfolder import RUN_CONFIG, follow_umask
 
 
@@ -75,6 +76,10 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
         echo(f"[anyfit] export: merged the LoRA adapter into {req.location.base}")
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
+    # Other tools generate with generation_config.json: it must stop where the chat template ends a turn.
+    stops = write_generation_config(folder, model, tokenizer)
+    if stops:
+        echo(f"[anyfit] export: generation stops at {', '.join(stops)}")
     if req.run_files.config_path is not None:  # anyfit eval/generate then lay prompts out as in training
         shutil.copyfile(req.run_files.config_path, folder / RUN_CONFIG)
     parameters = sum(p.numel() for p in model.parameters())

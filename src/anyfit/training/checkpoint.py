@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from anyfit.model.source import record_base
+from anyfit.data.stopping import write_generation_config
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
     RUN_CONFIG,
@@ -56,12 +57,15 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> None:
+def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
     """The trainable weights as safetensors (LoRA: the adapter only), plus the tokenizer. Main process writes;
     every process must call this because gathering a sharded (FSDP/DeepSpeed) state dict is collective.
 
     With ``model_cfg`` (the run's ModelConfig), an adapter records a base others can load (see
-    :func:`portable_base`) instead of the path the weights happened to be read from."""
+    :func:`portable_base`) instead of the path the weights happened to be read from. A whole model's
+    generation_config.json stops at the chat template's end of turn; returns those stop tokens (main process,
+    whole model with its tokenizer; else [])."""
+    stops: list[str] = []
     if is_deepspeed(model):
         state_dict = deepspeed_engine.full_state_dict(model, accelerator.is_main_process)
     else:
@@ -69,11 +73,15 @@ def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+        adapter = (directory / "adapter_config.json").is_file()
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
-        if model_cfg is not None and (directory / "adapter_config.json").is_file():
+            if not adapter:  # an adapter is loaded on its base, with the base's generation config
+                stops = write_generation_config(directory, unwrapped, tokenizer)
+        if model_cfg is not None and adapter:
             record_base(directory, model_cfg)
         follow_umask(directory)
+    return stops
 
 
 def save_checkpoint(accelerator, output_dir: Path, step: int, model, optimizer, scheduler, tokenizer,
@@ -146,17 +154,20 @@ def _finish_checkpoint(tmp: Path, final: Path, state: dict[str, Any]) -> None:
     tmp.rename(final)
 
 
-def save_final_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> None:
+def save_final_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
     """The final model into the run folder (collective); ``NotWritten`` when it cannot be, with its partly
-    written files removed (the checkpoints stay)."""
+    written files removed (the checkpoints stay). Returns the tokens its generation config stops at
+    (``save_model``)."""
     before = set(directory.iterdir()) if accelerator.is_main_process else set()
-    problem = _attempt(lambda: save_model(accelerator, model, tokenizer, directory, model_cfg), directory,
-                       bytes_to_write(model, optimizer=None))
+    stops: list[str] = []
+    problem = _attempt(lambda: stops.extend(save_model(accelerator, model, tokenizer, directory, model_cfg)),
+                       directory, bytes_to_write(model, optimizer=None))
     problem = agreed(accelerator, problem)
     if problem is not None:
         if accelerator.is_main_process:
             remove_partial([p for p in directory.iterdir() if p not in before])
         raise not_written("the final model", directory, problem)
+    return stops
 
 
 def prune(output_dir: Path, keep_last: int) -> None:

@@ -344,9 +344,11 @@ def run_steps(run: Run, say=print) -> TrainResult:
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
     elif run.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
-        save_final_model(acc, model, run.tokenizer, run.out, cfg.model)
+        stops = save_final_model(acc, model, run.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
+        if stops:
+            say(f"[anyfit] generation stops at {', '.join(stops)} (generation_config.json)")
     if acc.is_main_process and result.losses + result.evals:
         try:
             say(f"[anyfit] curves: {plot_run(run.out)}")

@@ -12,7 +12,7 @@ import pytest
 
 from anyfit.config import load_config
 from anyfit.configs import shipped
-from anyfit.data.sources import LOCAL_SUFFIXES
+from anyfit.hub import DATA_SUFFIXES as LOCAL_SUFFIXES
 
 CONFIGS = [p for name, p in shipped().items() if not name.startswith("accelerate/")]
 

@@ -211,8 +211,8 @@ def test_custom_template_names_record_fields_and_drops_empty_paragraphs(tok):
 @pytest.mark.parametrize("record, key", [
     ({"prompt": "Summarise.", "completion": "Short.", "context": "A long text."}, "context"),
     ({"text": "hello", "system": "Be kind."}, "system"),
-    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo", "weight": 0}]},
-     "messages[].weight"),
+    ({"messages": [{"role": "user", "content": "hi", "images": ["cat.png"]}, {"role": "assistant", "content": "yo"}]},
+     "messages[].images"),
     ({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, "labels"),
 ])
 def test_unread_training_content_stops_the_run_unless_ignored(tok, record, key):
@@ -290,3 +290,13 @@ def test_split_records_keep_their_examples_together_in_the_store(tok, tmp_path):
     assert [ex["input_ids"] for ex in held] == [store[2]["input_ids"], store[3]["input_ids"], store[4]["input_ids"]]
     assert tokenize_example(to_examples(records[:1], cfg)[0], qwen3, cfg) == [
         (store[0]["input_ids"], [IGNORE_INDEX] + store[0]["labels"][1:]), (store[1]["input_ids"], store[1]["labels"])]
+
+
+def test_openai_weight_zero_keeps_a_turn_out_of_the_loss(tok):
+    qwen = tok("qwen-2.5")
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "bad answer", "weight": 0},
+            {"role": "user", "content": "again"}, {"role": "assistant", "content": "good answer", "weight": 1}]
+    (row,), _ = rows([{"messages": chat}], qwen)
+    assert trained_spans(qwen, row) == ["good answer<|im_end|>"] and "bad answer" in qwen.decode(row["input_ids"])
+    with pytest.raises(DataError, match="message 1 has weight 0, but TRL trains every assistant turn"):
+        rows([{"messages": chat}], qwen, template="trl")

@@ -237,6 +237,21 @@ def test_a_hub_base_is_recorded_as_the_hub_id_with_its_revision(tmp_path):
     assert base == {"base_model_name_or_path": "Qwen/Qwen2.5-0.5B", "revision": "v1", "source": "hub"}
 
 
+def test_a_whole_models_generation_config_stops_at_the_end_of_turn(tiny_qwen2_dir, qwen_base_tokenizer_dir,
+                                                                   tmp_path):
+    """A base model stopping at <|endoftext|> only, fine-tuned on a template whose turns end with <|im_end|>: the
+    folder the run writes stops at both (a checkpoint's and the final model's)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(qwen_base_tokenizer_dir)
+    endoftext, im_end = tok.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir)
+    model.config.eos_token_id = model.generation_config.eos_token_id = endoftext  # as Qwen2.5's base ships
+    out = tmp_path / "out"
+    assert save_model(OneProcess(), model, tok, out) == ["<|endoftext|>", "<|im_end|>"]
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [endoftext, im_end]
+
+
 @pytest.fixture
 def fake_gguf(tmp_path, tiny_llama_dir, monkeypatch):
     """A stand-in .gguf file whose 'dequantized' weights are the tiny Llama's (as in test_gguf_cache)."""
