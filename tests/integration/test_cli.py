@@ -18,7 +18,7 @@ def test_render_shows_what_is_trained(tiny_llama_dir, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "⟦" in out and "\\boxed{4}" in out.split("⟦", 1)[1]  # the solution is inside the trained span
     assert "What is 2+2?" in out.split("⟦", 1)[0]  # the prompt is not
-    assert "whole dataset: Loaded 1 examples" in out
+    assert "whole dataset: Loaded 1 records" in out
 
 
 def test_missing_field_is_a_clear_error(tiny_llama_dir, tmp_path, capsys):

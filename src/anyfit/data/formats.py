@@ -302,7 +302,8 @@ def _refuse_content(unused: list[str], cfg: DataConfig, place: str, fmt: Format)
     for name in unused:
         key = name.split("[].")[-1]  # a message key is named 'messages[].weight'
         if key in CONTENT_FIELDS and name not in ignored and key not in ignored:
-            how = (f"map it with data.fields: {{{key}: {key}}}" if key == "input" else
+            # input is the slot for text that goes with the prompt (Alpaca's input, Dolly's context).
+            how = (f"map it with data.fields: {{input: {key}}}" if key in ("input", "context") else
                    "map it in data.fields, or give the data in a shape that holds it (see the README's data table)")
             raise DataError(f"{place} has {name!r}, which holds content that format {fmt!r} (with data.fields "
                             f"{dict(cfg.fields) or '{}'}) does not read: training without it would teach something "
@@ -366,7 +367,8 @@ def suggest_mapping(record: Mapping[str, Any], fmt: Format | None = None) -> str
         if pair is None:  # the two longest texts, in the record's order
             longest = sorted(strings, key=lambda k: -len(record[k]))[:2]
             pair = tuple(k for k in strings if k in longest)
-        extra = ", input: input" if pair[0] != "input" and "input" in lower else ""
+        context = next((lower[c] for c in ("input", "context") if c in lower and lower[c] not in pair), None)
+        extra = f", input: {context}" if context else ""
         return f"{{prompt: {pair[0]}, completion: {pair[1]}{extra}}}"
     if strings and fmt in (None, "text"):
         return f"{{text: {strings[0]}}}"

@@ -237,6 +237,8 @@ def test_unread_fields_are_counted_in_the_report(tok):
     ({"problem": "p", "level": "Level 1", "type": "Algebra", "solution": "s"}, "{prompt: problem, completion: solution}"),
     ({"id": "1", "question": "q", "answer": "a"}, "{prompt: question, completion: answer}"),
     ({"query": "q", "response": "r", "source": "x"}, "{prompt: query, completion: response}"),
+    ({"instruction": "i", "context": "c", "response": "r", "category": "qa"},  # Dolly
+     "{prompt: instruction, completion: response, input: context}"),
     ({"id": "7", "ask": "a long question here", "reply": "a longer reply than the id"}, "{prompt: ask, completion: reply}"),
 ])
 def test_suggested_mapping_picks_the_right_columns(record, mapping):

@@ -5,6 +5,7 @@ MATH archive unpacks), and one line with the way forward for the files that are 
 from __future__ import annotations
 
 import bz2
+import functools
 import gzip
 import json
 import lzma
@@ -20,7 +21,8 @@ from anyfit.hub import data_looks_local
 
 N = 20
 ROWS = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(N)]
-COMPRESS = {"gz": gzip.compress, "bz2": bz2.compress, "xz": lzma.compress}
+# mtime=0: the same bytes on every call, so parametrized ids are the same in every pytest-xdist worker.
+COMPRESS = {"gz": functools.partial(gzip.compress, mtime=0), "bz2": bz2.compress, "xz": lzma.compress}
 
 
 def _text(fmt, rows):
@@ -57,7 +59,7 @@ def test_compressed_text_is_read_as_the_format_inside(tmp_path, fmt, compression
 
 
 def test_a_compressed_file_under_a_plain_name_is_decompressed(tmp_path):
-    jsonl = _write(tmp_path / "d.jsonl", gzip.compress(_text("jsonl", ROWS)))
+    jsonl = _write(tmp_path / "d.jsonl", COMPRESS["gz"](_text("jsonl", ROWS)))
     csv = _write(tmp_path / "d.csv", bz2.compress(_text("csv", ROWS)))
     assert _read(jsonl, "train[3:5]") == (ROWS[3:5], [f"{jsonl}:4", f"{jsonl}:5"])
     assert _read(csv)[0] == ROWS and count_rows(csv) == N
@@ -67,7 +69,7 @@ def test_compressed_text_streams_and_errors_name_the_line(tmp_path):
     rows = [{"prompt": f"q{i}", "completion": f"a{i}"} for i in range(3000)]
     lines = [json.dumps(r) for r in rows]
     lines[2500] = '{"prompt": "q2500", "completion": '
-    path = _write(tmp_path / "d.jsonl.gz", gzip.compress(("\n".join(lines) + "\n").encode()))
+    path = _write(tmp_path / "d.jsonl.gz", COMPRESS["gz"](("\n".join(lines) + "\n").encode()))
     stream = iter_records(DataConfig(path=str(path)), batch_size=1024)
     assert len(next(stream)) == 1024 and len(next(stream)) == 1024  # read before the bad line is reached
     with pytest.raises(DataError, match=rf"^{path}:2501: not valid JSON"):
@@ -76,11 +78,11 @@ def test_compressed_text_streams_and_errors_name_the_line(tmp_path):
 
 
 @pytest.mark.parametrize("data, message", [
-    (gzip.compress(_text("jsonl", ROWS))[:-30], r"d\.jsonl\.gz is gzip-compressed, but its data is damaged or cut"),
+    (COMPRESS["gz"](_text("jsonl", ROWS))[:-30], r"d\.jsonl\.gz is gzip-compressed, but its data is damaged or cut"),
     (_text("jsonl", ROWS), r"d\.jsonl\.gz: the name says gzip-compressed, but the file does not start as gzip data"),
-    (gzip.compress(b'{"prompt": "caf\xe9"}\n'),
+    (COMPRESS["gz"](b'{"prompt": "caf\xe9"}\n'),
      r"d\.jsonl\.gz:1: not UTF-8 text: byte 0xe9 at byte offset 15 of the decompressed text .*decompress it, re-enc"),
-    (gzip.compress(b"\xff\xfe{\x00}\x00"), r"d\.jsonl\.gz is UTF-16 text, .*decompress it, re-encode it"),
+    (COMPRESS["gz"](b"\xff\xfe{\x00}\x00"), r"d\.jsonl\.gz is UTF-16 text, .*decompress it, re-encode it"),
 ])
 def test_damaged_mislabeled_or_misencoded_compressed_files(tmp_path, data, message):
     path = _write(tmp_path / "d.jsonl.gz", data)
@@ -123,7 +125,7 @@ def test_zstd_and_lz4_where_a_reader_is_installed(tmp_path, suffix):
 def test_globs_and_folders_pick_up_compressed_shards(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _write(tmp_path / "data" / "train-1.csv.bz2", bz2.compress(_text("csv", ROWS[10:])))
-    _write(tmp_path / "data" / "train-0.jsonl.gz", gzip.compress(_text("jsonl", ROWS[:10])))
+    _write(tmp_path / "data" / "train-0.jsonl.gz", COMPRESS["gz"](_text("jsonl", ROWS[:10])))
     _write(tmp_path / "data" / "test.jsonl.xz", lzma.compress(_text("jsonl", ROWS[:3])))
     records, places = _read("data/train-*", "train[8:12]")
     assert records == ROWS[8:12] and places == ["data/train-0.jsonl.gz:9", "data/train-0.jsonl.gz:10",
@@ -131,7 +133,7 @@ def test_globs_and_folders_pick_up_compressed_shards(tmp_path, monkeypatch):
     assert _read("data", "train")[0] == ROWS and _read("data", "test")[0] == ROWS[:3]
     first = source_fingerprint(DataConfig(path="data/train-*.jsonl.gz"))
     shard = tmp_path / "data" / "train-0.jsonl.gz"
-    shard.write_bytes(gzip.compress(_text("jsonl", ROWS[:9] + [ROWS[0]])))
+    shard.write_bytes(COMPRESS["gz"](_text("jsonl", ROWS[:9] + [ROWS[0]])))
     assert source_fingerprint(DataConfig(path="data/train-*.jsonl.gz")) != first
 
 
@@ -286,7 +288,7 @@ def test_files_still_not_read_are_one_line_with_the_way_forward(tmp_path, name, 
 
 def test_unread_files_in_folders_and_globs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    _write(tmp_path / "data" / "train.jsonl.gz", gzip.compress(_text("jsonl", ROWS)))
+    _write(tmp_path / "data" / "train.jsonl.gz", COMPRESS["gz"](_text("jsonl", ROWS)))
     _write(tmp_path / "data" / "train-extra.tar.gz", b"archive")
     with pytest.raises(DataError, match=r"holds train-extra\.tar\.gz, which anyfit does not read"):
         load_records(DataConfig(path="data"))
@@ -305,6 +307,6 @@ def test_binary_files_under_a_text_name_say_what_they_are(tmp_path, data, what):
     if data is None:
         _arrow_file(path, ROWS, stream=True)
     else:
-        _write(path, gzip.compress(data))  # what the decompressed bytes are is what counts
+        _write(path, COMPRESS["gz"](data))  # what the decompressed bytes are is what counts
     with pytest.raises(DataError, match=rf"d\.jsonl {what}"):
         load_records(DataConfig(path=str(path)))
