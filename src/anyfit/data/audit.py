@@ -68,15 +68,15 @@ class MaskAudit:
     """The checks of one data configuration and tokenizer (nothing to check when every token is trained)."""
 
     stops: frozenset[int] = frozenset()
-    headers: tuple[str, ...] = ()
-    tokenizer: Any = None
+    headers: tuple[tuple[int, ...], ...] = ()  # the token ids of each turn header
     active: bool = False
 
     @staticmethod
     def of(tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> MaskAudit:
         if cfg.train_on == "all":
             return MaskAudit()
-        return MaskAudit(frozenset(stop_token_ids(tokenizer)), tuple(_turn_headers(tokenizer)), tokenizer, True)
+        headers = tuple(tuple(tokenizer(h, add_special_tokens=False)["input_ids"]) for h in _turn_headers(tokenizer))
+        return MaskAudit(frozenset(stop_token_ids(tokenizer)), tuple(h for h in headers if h), True)
 
     def check(self, ids: list[int], labels: list[int], laid_out: bool, example: Any) -> list[str]:
         """The findings of one tokenized example (before the length policy). ``laid_out``: its mask is anyfit's own
@@ -91,11 +91,19 @@ class MaskAudit:
         found = []
         if self.stops and any(ids[e - 1] not in self.stops for e in ends):
             found.append("no_stop")
-        if not laid_out and self.headers:
-            text = [self.tokenizer.decode(ids[s:e], skip_special_tokens=False) for s, e in zip(starts, ends)]
-            if any(h in t for h in self.headers for t in text):
-                found.append("trained_prompt_data" if example.kind == "tokens" else "trained_prompt")
+        if not laid_out and self.headers and self._trains_a_header(np.asarray(ids), trained):
+            found.append("trained_prompt_data" if example.kind == "tokens" else "trained_prompt")
         return found
+
+    def _trains_a_header(self, ids: np.ndarray, trained: np.ndarray) -> bool:
+        """Whether a turn header's ids stand, all trained, in ``ids`` (searched by ids, not by decoding: this runs on
+        every example of a pre-tokenized data set)."""
+        for header in self.headers:
+            n = len(header)
+            for at in np.flatnonzero((ids == header[0]) & trained):
+                if at + n <= len(ids) and trained[at:at + n].all() and tuple(ids[at:at + n].tolist()) == header:
+                    return True
+        return False
 
 
 @dataclass

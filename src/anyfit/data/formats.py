@@ -26,6 +26,7 @@ meant. Every error names the record and, for records read from a file, its place
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -142,8 +143,6 @@ def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig, start: in
 def resolve_fields(record: Mapping[str, Any], cfg: DataConfig) -> DataConfig:
     """``cfg`` with the format found on ``record`` (the data set's first) and every column it reads spelled out:
     what the later batches of a data set read in batches are given."""
-    import dataclasses
-
     fmt, columns = _format_and_columns(record, cfg, "Record 0")
     named = {name: name for name in _template_fields(cfg.template, record, cfg.fields)}
     return dataclasses.replace(cfg, format=fmt, fields={**named, **columns})
@@ -227,10 +226,10 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
     read = ({columns[n] for n in (*REQUIRED[fmt], *OPTIONAL[fmt]) if n in columns} | set(named)) - set(
         cfg.ignore_fields)
     unused = [k for k, v in record.items() if k not in read and has_content(v)]
-    get = lambda name: _optional_str(record, columns.get(name), place)  # noqa: E731
+    system, answer = (_optional_str(record, columns.get(name), place) for name in ("system", "answer"))
     values = {k: _string(record[k], place, k, "a string") if has_content(record[k]) else "" for k in named
               if k in record}
-    extras = dict(system=get("system"), answer=get("answer"), origin=origin, values=values)
+    extras = dict(system=system, answer=answer, origin=origin, values=values)
     if "tools" in columns and columns["tools"] not in cfg.ignore_fields:
         extras["tools"] = parse_tools(record.get(columns["tools"]), f"{place}: '{columns['tools']}'")
     if fmt == "tokens":
@@ -249,8 +248,6 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
 
 
 def _with_unused(example: Example, unused: list[str]) -> Example:
-    import dataclasses
-
     return dataclasses.replace(example, unused=tuple(dict.fromkeys(unused)))
 
 
