@@ -21,6 +21,7 @@ what they do not know without a word). HF's ``return_assistant_tokens_mask`` is 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -54,8 +55,7 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, place: str, tools: list[dict] | None = None):
         self.tokenizer, self.place, self.tools = tokenizer, place, tools
-        self.source = template_text(tokenizer)
-        self.reasoning_key = next((k for k, r in _REASONING_KEY.items() if r.search(self.source)), None)
+        self.reasoning_key = _reasoning_key(template_text(tokenizer))
 
     def apply(self, messages: list[Message], generation_prompt: bool) -> str:
         """The template's text of ``messages`` (with the generation prompt when asked)."""
@@ -159,6 +159,12 @@ def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemp
         segments.append(Segment(chat.apply(messages, False), trained=False))
     parts.append(segments)
     return parts
+
+
+@functools.lru_cache(maxsize=16)
+def _reasoning_key(source: str) -> str | None:
+    """The message key a chat template reads a reasoning trace from (None: it reads none); once per template."""
+    return next((k for k, r in _REASONING_KEY.items() if r.search(source)), None)
 
 
 def _opened_reasoning(before: str, through: str, message: Message) -> str:

@@ -47,6 +47,8 @@ def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) 
     (``data.ignore_fields``), as if absent."""
     if not isinstance(m, Mapping):
         raise DataError(f"{where} must be an object {{\"role\": ..., \"content\": ...}}, got {short(m)}.")
+    if len(m) == 2 and m.get("role") in ROLES and isinstance(m.get("content"), str) and m["content"].isascii():
+        return {"role": m["role"], "content": m["content"]}, []  # the common case, read on every message of a data set
     ignored = [k for k, v in m.items() if k in ignore and has_content(v)]  # counted as unread, as they are
     if ignored:
         m = {k: v for k, v in m.items() if k not in ignore}

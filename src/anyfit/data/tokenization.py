@@ -192,11 +192,18 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
             laid_out[i] = all(isinstance(r, Rendering) for r in parts)
         for i, pair in zip(owners, _tokenize_renderings(renderings, tokenizer, cfg)):
             pairs[i].append(pair)
+    # The audit scans the whole batch at once (vectorised: it runs on every token of a data set).
+    owner = [i for i, example_pairs in enumerate(pairs) for _ in example_pairs]
+    found = audit.scan([pair for example_pairs in pairs for pair in example_pairs], [not laid_out[i] for i in owner],
+                       examples[0].kind == "tokens")
+    findings: dict[int, list[str]] = {}
+    for k, names in found.items():
+        findings.setdefault(owner[k], []).extend(names)
     results = []
-    for example, example_pairs, own in zip(examples, pairs, laid_out):
-        found = [f for ids, labels in example_pairs for f in audit.check(ids, labels, own, example)]
+    for i, (example, example_pairs) in enumerate(zip(examples, pairs)):
         parts = [_length_policy(pair, cfg) for pair in example_pairs] or [_length_policy(None, cfg)]
-        results.append(RecordResult(parts, example.unused, tuple(dict.fromkeys(found)), example.place))
+        names = tuple(dict.fromkeys(findings[i])) if i in findings else ()
+        results.append(RecordResult(parts, example.unused, names, example.place if names else ""))
     return results
 
 
