@@ -144,10 +144,12 @@ def test_reasoning_in_templates_without_a_reasoning_key(tok):
     # is trained as the model writes it after that prompt.
     r1 = tok("deepseek-r1")
     out, _ = rows([{"messages": REASONING_CHAT}], r1)
-    assert [trained_spans(r1, row) for row in out] == [
-        ["two and two make four\n</think>\n\n4<｜end▁of▁sentence｜>"],
-        ["three and three make six\n</think>\n\n6<｜end▁of▁sentence｜>"]]
-    assert all(r1.decode(row["input_ids"]).count("<think>") == 1 for row in out)
+    # Compared as ids: decoding this tokenizer differs across transformers versions (its spaces), encoding does not.
+    expected = ["two and two make four\n</think>\n\n4<｜end▁of▁sentence｜>",
+                "three and three make six\n</think>\n\n6<｜end▁of▁sentence｜>"]
+    assert [[t for t, label in zip(row["input_ids"], row["labels"]) if label != IGNORE_INDEX] for row in out] == [
+        r1(text, add_special_tokens=False)["input_ids"] for text in expected]
+    assert all(row["input_ids"].count(r1.convert_tokens_to_ids("<think>")) == 1 for row in out)
 
 
 def test_a_template_that_drops_reasoning_is_refused_or_trained_without_it_when_asked(tok):
