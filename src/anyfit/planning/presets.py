@@ -297,6 +297,10 @@ def targets_from_args(device: str | None = None, memory_gb: float | None = None,
     """
     if price_per_hour is not None and price_per_hour < 0:
         raise ConfigError(f"--price-per-hour must be 0 or more, got {price_per_hour}.")
+    if memory_gb is not None and not memory_gb > 0:  # `not >`: NaN too
+        raise ConfigError(f"--memory-gb must be more than 0 (the memory of one device in GB), got {memory_gb}.")
+    if gpus is not None and gpus < 1:
+        raise ConfigError(f"--gpus must be at least 1, got {gpus}.")
     if device is None and memory_gb is None and gpus is None:
         if price_per_hour is None:
             return None

@@ -358,6 +358,13 @@ def test_targets_from_cli_arguments():
         targets_from_args("cuda")
     with pytest.raises(ConfigError, match="CUDA"):
         targets_from_args("m-16", gpus=2)
+    for memory in (0, -3, float("nan")):  # one line, not a plan against a budget of nothing
+        with pytest.raises(ConfigError, match="--memory-gb must be more than 0"):
+            targets_from_args("cuda", memory_gb=memory)
+        with pytest.raises(ConfigError, match="--memory-gb must be more than 0"):
+            targets_from_args(memory_gb=memory)
+    with pytest.raises(ConfigError, match="--gpus must be at least 1, got 0"):
+        targets_from_args("h100", gpus=0)
 
 
 def test_precision_follows_the_runtime_policy():
