@@ -242,7 +242,7 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
         unused += keys
         example = Example("messages", index, messages=messages, **extras)
     else:
-        example = _prompt_completion(record, index, fmt, columns, place, extras)
+        example = _prompt_completion(record, index, fmt, columns, place, extras, cfg.ignore_fields, unused)
     _refuse_content(unused, cfg, place, fmt)
     return example if not unused else _with_unused(example, unused)
 
@@ -252,13 +252,18 @@ def _with_unused(example: Example, unused: list[str]) -> Example:
 
 
 def _prompt_completion(record: Mapping[str, Any], index: int, fmt: Format, columns: Mapping[str, str], place: str,
-                       extras: dict) -> Example:
+                       extras: dict, ignore: Sequence[str], unused: list[str]) -> Example:
+    """The record's prompt and completion; the unread keys of messages given as a prompt or completion are added to
+    ``unused``."""
     prompt_col, completion_col = (columns["instruction"], columns["output"]) if fmt == "alpaca" else (
         columns["prompt"], columns["completion"])
     prompt = record[prompt_col]
-    prompt = _messages(prompt, place, prompt_col)[0] if isinstance(prompt, list) else _string(
-        prompt, place, prompt_col, "a string or a list of messages")
-    completion = _completion(record[completion_col], place, completion_col)
+    if isinstance(prompt, list):
+        prompt, keys = _messages(prompt, place, prompt_col, ignore)
+        unused += keys
+    else:
+        prompt = _string(prompt, place, prompt_col, "a string or a list of messages")
+    completion = _completion(record[completion_col], place, completion_col, ignore, unused)
     # An input the custom template names is filled in there (Example.values), not joined to the prompt.
     user_input = None if columns.get("input") in extras["values"] else _optional_str(record, columns.get("input"),
                                                                                        place) or None
@@ -328,11 +333,12 @@ def _messages(value: Any, place: str, column: str, ignore: Sequence[str] = ()) -
     return messages, unused
 
 
-def _completion(value: Any, place: str, column: str) -> str:
+def _completion(value: Any, place: str, column: str, ignore: Sequence[str], unused: list[str]) -> str:
     # TRL's conversational prompt-completion stores the completion as [{"role": "assistant", ...}].
     if isinstance(value, list) and len(value) == 1:
-        (m,), _ = _messages(value, place, column)
+        (m,), keys = _messages(value, place, column, ignore)
         if m["role"] == "assistant" and not m.get("tool_calls") and not m.get("reasoning_content"):
+            unused += keys
             return m["content"]
     return _string(value, place, column, "a string")
 

@@ -216,6 +216,7 @@ def test_custom_template_names_record_fields_and_drops_empty_paragraphs(tok):
     ({"messages": [{"role": "user", "content": "hi", "images": ["cat.png"]}, {"role": "assistant", "content": "yo"}]},
      "messages[].images"),
     ({"input_ids": [1, 2, 3], "labels": [-100, 2, 3]}, "labels"),
+    ({"prompt": [{"role": "user", "content": "hi", "images": ["cat.png"]}], "completion": "yo"}, "prompt[].images"),
 ])
 def test_unread_training_content_stops_the_run_unless_ignored(tok, record, key):
     with pytest.raises(DataError) as e:
