@@ -11,13 +11,13 @@ them breaks; ``run_all.sh --dry-run`` imports it first.
 
 from __future__ import annotations
 
+from anyfit.backends.base import guarded_step, is_finite_step, skips_on_device  # noqa: F401  (the guarded update)
 from anyfit.config import ConfigError, load_config  # noqa: F401  (the typed config and its validation)
 from anyfit.data.batching import collate  # noqa: F401  (a micro-batch: padded, or packed with example boundaries)
 from anyfit.model.attention import register as register_varlen_attention  # noqa: F401  ("anyfit_varlen")
 from anyfit.training.loop import train  # noqa: F401  (train(cfg, loss_fn=...): a run in this process)
 from anyfit.training.loss import token_loss_sum  # noqa: F401  (the summed token loss of a collated batch)
 from anyfit.training.optim import build_optimizer  # noqa: F401  (fused AdamW, 8-bit AdamW, Adafactor)
-from anyfit.training.step import guarded_step, is_finite_step, skips_on_device  # noqa: F401  (the guarded update)
 
 # The names above with the module each comes from, for the dry run's report and the README.
 NAMES = {
@@ -27,8 +27,8 @@ NAMES = {
     "train": "anyfit.training.loop",
     "token_loss_sum": "anyfit.training.loss",
     "build_optimizer": "anyfit.training.optim",
-    "guarded_step": "anyfit.training.step", "is_finite_step": "anyfit.training.step",
-    "skips_on_device": "anyfit.training.step",
+    "guarded_step": "anyfit.backends.base", "is_finite_step": "anyfit.backends.base",
+    "skips_on_device": "anyfit.backends.base",
 }
 
 

@@ -24,7 +24,8 @@ from anyfit.hub import (
     check_model_id,
     data_looks_local,
     endpoint,
-    from_http_library,
+    hub_error,
+    hub_failure,
     innermost_message,
     looks_local,
     offline,
@@ -136,37 +137,10 @@ def _safe_name(name: str) -> str:
 
 
 def _hub_error(item: Download, e: Exception) -> ConfigError:
-    """A one-line ConfigError for a hub failure while listing or fetching ``item``."""
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-
+    """A one-line ConfigError for a hub failure while listing or fetching ``item`` (``e`` again for a bug)."""
     what = "data set" if item.kind == "dataset" else item.kind
-    if isinstance(e, GatedRepoError):
-        return ConfigError(f"{item.key}: {item.name} is gated: accept its conditions on the hub and log in "
-                           "(hf auth login, or set HF_TOKEN).")
-    if isinstance(e, RepositoryNotFoundError):
-        return ConfigError(f"{item.key}: the hub has no {what} {item.name!r} (or it is private and you are not "
-                           "logged in); check the spelling and the case.")
-    if isinstance(e, RevisionNotFoundError):
-        return ConfigError(f"model.revision: {item.revision!r} is not a branch, tag or commit of {item.name}.")
-    if isinstance(e, OfflineModeIsEnabled):
-        return ConfigError(f"{item.key}: offline (HF_HUB_OFFLINE is set): cannot download {what} {item.name}.")
-    text = str(e).strip()
-    reason = text.splitlines()[0] if text else type(e).__name__
-    return ConfigError(f"{item.key}: downloading {what} {item.name} from {endpoint()} failed ({reason}).")
-
-
-def _hub_failure(e: Exception) -> bool:
-    """Errors of asking the hub (HTTP status, network, offline mode), as opposed to bugs, which propagate."""
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-
-    return isinstance(e, (OSError, HfHubHTTPError, OfflineModeIsEnabled, TimeoutError)) or from_http_library(e)
+    return hub_error(e, item.key, what, item.name, item.revision,
+                     asking=f"downloading {what} {item.name} from {endpoint()} failed")
 
 
 def _list_files(repo_id: str, repo_type: str, revision: str | None) -> dict[str, int | None]:
@@ -196,8 +170,6 @@ def _fetch_model(item: Download, cfg: Config, to: Path | None, say: Callable[[st
     except ConfigError as e:
         raise ConfigError(f"{item.key}: {item.name}: {e}") from None
     except Exception as e:
-        if not _hub_failure(e):
-            raise
         raise _hub_error(item, e) from None
     total = sum(files[f] or 0 for f in wanted)
     skipped = len(files) - len(wanted)
@@ -210,8 +182,6 @@ def _fetch_model(item: Download, cfg: Config, to: Path | None, say: Callable[[st
         path = snapshot_download(item.name, revision=item.revision, allow_patterns=wanted, endpoint=endpoint(),
                                  local_dir=str(target) if target else None)
     except Exception as e:
-        if not _hub_failure(e):
-            raise
         raise _hub_error(item, e) from None
     say(f"    -> {path}")
     if target is None:
@@ -235,7 +205,7 @@ def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) 
         try:
             ds = datasets.load_dataset(item.name, item.subset, split=item.split)
         except Exception as e:
-            if not (_hub_failure(e) or isinstance(e, (datasets.exceptions.DatasetsError, ValueError))):
+            if not (hub_failure(e) or isinstance(e, (datasets.exceptions.DatasetsError, ValueError))):
                 raise
             from huggingface_hub.errors import HfHubHTTPError
 
@@ -250,8 +220,6 @@ def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) 
     try:
         files = _list_files(item.name, "dataset", None)
     except Exception as e:
-        if not _hub_failure(e):
-            raise
         raise _hub_error(item, e) from None
     # A subset usually lives in a folder of its name (openai/gsm8k: main/, socratic/); fetch only that one,
     # so that the local folder holds one subset's splits, as anyfit reads folders.
@@ -271,8 +239,6 @@ def _fetch_dataset(item: Download, to: Path | None, say: Callable[[str], None]) 
         snapshot_download(item.name, repo_type="dataset", allow_patterns=wanted, local_dir=str(target),
                           endpoint=endpoint())
     except Exception as e:
-        if not _hub_failure(e):
-            raise
         raise _hub_error(item, e) from None
     folder = target / prefix.rstrip("/") if prefix else target
     say(f"    -> {folder}")

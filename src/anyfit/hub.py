@@ -5,7 +5,8 @@ Without this, a typo (``Qwen/Qwen2.5-0.5b-instrukt``) or a model that is not cac
 retries for about 30 s too, printing every retry). Here the same mistakes
 are one-line ``ConfigError``s: offline, the local hub cache is looked at (no network, well under a
 second); online, a model that is not cached costs one metadata request (a HEAD on its config.json) with a
-short timeout and no retries.
+short timeout and no retries. ``hub_error`` is the one ladder from a hub's answer to that line (``anyfit download``
+asks it too).
 """
 
 from __future__ import annotations
@@ -99,13 +100,7 @@ def check_model_id(name: str, revision: str | None = None, gguf_file: str | None
     hub: cached locally, or (online) found there. ``gguf_file`` is the file to look for instead of
     config.json (a GGUF repository has none); ``key`` names the setting in the messages."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HFValidationError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
+    from huggingface_hub.errors import EntryNotFoundError, HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
     if looks_local(name):
@@ -126,23 +121,15 @@ def check_model_id(name: str, revision: str | None = None, gguf_file: str | None
     try:
         get_hf_file_metadata(hf_hub_url(name, filename, revision=revision, endpoint=endpoint()), timeout=timeout,
                              retry_on_errors=False)
-        return
-    except GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
-        raise ConfigError(f"{key}: {name} is gated: accept its conditions on {endpoint()}/{name} and log in "
-                          "(hf auth login, or set HF_TOKEN).") from None
-    except RepositoryNotFoundError:
-        raise ConfigError(f"{key}: the hub has no model {name!r} (or it is private and you are not logged in), "
-                          f"and {not_local}. Check the spelling and the case, e.g. Qwen/Qwen2.5-0.5B-Instruct.") from None
-    except RevisionNotFoundError:
-        raise ConfigError(f"model.revision: {revision!r} is not a branch, tag or commit of {name}.") from None
     except EntryNotFoundError:
         hint = "" if gguf_file else " Is it a GGUF-only repository? Then set model.gguf_file to one of its .gguf files."
         raise ConfigError(f"{key}: {name}{at} is on the hub but has no {filename}.{hint}") from None
-    except Exception as e:  # the hub could not be asked: a network error, a timeout, or the hub failing
-        reason = _unreachable_reason(e)
-        raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up {name} ({reason}); it is not in "
-                          f"the local cache, and {not_local}: check the network (or HF_ENDPOINT), or download the "
-                          "model / give a local folder.") from None
+    except Exception as e:
+        raise hub_error(e, key, "model", name, revision,
+                        missing=f", and {not_local}. Check the spelling and the case, e.g. Qwen/Qwen2.5-0.5B-Instruct.",
+                        asking=f"cannot reach the hub at {endpoint()} to look up {name}",
+                        then=f"; it is not in the local cache, and {not_local}: check the network (or HF_ENDPOINT), "
+                             "or download the model / give a local folder.") from None
 
 
 def dataset_is_cached(name: str) -> bool:
@@ -161,12 +148,7 @@ def check_dataset_id(name: str, key: str = "data.path", timeout: float = TIMEOUT
     Online and not cached, this costs one HEAD on the data set's card (README.md) with a short timeout and no
     retries; a repository without a card still passes."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HFValidationError,
-        RepositoryNotFoundError,
-    )
+    from huggingface_hub.errors import EntryNotFoundError, HFValidationError
     from huggingface_hub.utils import validate_repo_id
 
     try:
@@ -185,25 +167,49 @@ def check_dataset_id(name: str, key: str = "data.path", timeout: float = TIMEOUT
                              timeout=timeout, retry_on_errors=False)
     except EntryNotFoundError:
         return  # the repository exists, without a card
-    except GatedRepoError:  # before RepositoryNotFoundError: it is a subclass
-        raise ConfigError(f"{key}: data set {name} is gated: accept its conditions on {endpoint()}/datasets/{name} "
-                          "and log in (hf auth login, or set HF_TOKEN).") from None
-    except RepositoryNotFoundError:
-        raise ConfigError(f"{key}: the hub has no data set {name!r} (or it is private and you are not logged in); "
-                          f"check the spelling and the case (e.g. openai/gsm8k), or {local}.") from None
-    except Exception as e:  # the hub could not be asked
-        reason = _unreachable_reason(e)
-        raise ConfigError(f"{key}: cannot reach the hub at {endpoint()} to look up data set {name} ({reason}) and it "
-                          f"is not in the local cache: check the network (or HF_ENDPOINT), or {local}.") from None
+    except Exception as e:
+        uncached = f" and it is not in the local cache: check the network (or HF_ENDPOINT), or {local}."
+        raise hub_error(e, key, "data set", name,
+                        missing=f"; check the spelling and the case (e.g. openai/gsm8k), or {local}.",
+                        asking=f"cannot reach the hub at {endpoint()} to look up data set {name}",
+                        then=uncached) from None
 
 
-def _unreachable_reason(error: Exception) -> str:
-    """The first line of a network error, a timeout or a failing hub; anything else is raised again."""
+def hub_error(error: Exception, key: str, what: str, name: str, revision: str | None = None, *,
+              missing: str = "; check the spelling and the case.", asking: str, then: str = ".") -> ConfigError:
+    """THE ladder from a hub's answer about ``what`` (model, tokenizer, data set) ``name`` to one line naming the
+    setting ``key``: gated, no such repository (the line ends with ``missing``), no such revision, offline, or the
+    hub could not be asked (``asking`` the first line of the error ``then``). Anything else is a bug: raised again."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    dataset = what == "data set"
+    if isinstance(error, GatedRepoError):  # before RepositoryNotFoundError: it is a subclass
+        page = f"{endpoint()}/datasets/{name}" if dataset else f"{endpoint()}/{name}"
+        return ConfigError(f"{key}: {'data set ' if dataset else ''}{name} is gated: accept its conditions on {page} "
+                           "and log in (hf auth login, or set HF_TOKEN).")
+    if isinstance(error, RepositoryNotFoundError):
+        return ConfigError(f"{key}: the hub has no {what} {name!r} (or it is private and you are not logged in)"
+                           f"{missing}")
+    if isinstance(error, RevisionNotFoundError):
+        return ConfigError(f"model.revision: {revision!r} is not a branch, tag or commit of {name}.")
+    if isinstance(error, OfflineModeIsEnabled):
+        return ConfigError(f"{key}: offline (HF_HUB_OFFLINE is set): cannot download {what} {name}.")
+    if not hub_failure(error):
+        raise error
+    text = str(error).strip()
+    return ConfigError(f"{key}: {asking} ({text.splitlines()[0] if text else type(error).__name__}){then}")
+
+
+def hub_failure(error: BaseException) -> bool:
+    """Errors of asking the hub (an HTTP status, the network, a timeout, offline mode), as opposed to bugs."""
     from huggingface_hub.errors import HfHubHTTPError
 
-    if not (isinstance(error, (OSError, HfHubHTTPError, TimeoutError)) or from_http_library(error)):
-        raise error
-    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    return isinstance(error, (OSError, HfHubHTTPError, TimeoutError)) or from_http_library(error)
 
 
 def from_http_library(error: Exception) -> bool:

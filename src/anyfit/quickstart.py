@@ -19,8 +19,9 @@ from anyfit.evaluation.inference import TransformersBackend
 from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
 from anyfit.training.loop import train
 
-# The recipe, measured on a 2-core CPU (BENCHMARKS.md): LoRA on every projection costs less per step than
-# full fine-tuning on CPU and learns the answer format and the sums within the budget.
+# The recipe (BENCHMARKS.md, 'Quickstart (SmolLM2-135M-Instruct, LoRA, synthetic arithmetic, CPU)'): LoRA on
+# every projection costs less per step than full fine-tuning on CPU and learns the answer format and the sums
+# within the budget.
 RECIPE = [
     "lora.enabled=true", "lora.r=16", "lora.alpha=32", "lora.dropout=0.0",
     "data.template=chat", "data.max_length=192",
@@ -67,7 +68,7 @@ def run_quickstart(output_dir: str | Path = "runs/quickstart", overrides: list[s
     else:
         print(f"[quickstart] model: {model}")
         model_dir = model
-    # Direct answers ("59 + 63 = 122") rather than column working: measured to learn far faster in the budget.
+    # Direct answers ("59 + 63 = 122") rather than column working: learned far faster in the budget (BENCHMARKS.md).
     data_path = write_jsonl(train_set(train_examples, seed=0, solution_style="direct"), output_dir / "data" / "train.jsonl")
     held_out = heldout_set(eval_problems, seed=1)
     write_jsonl(held_out, output_dir / "data" / "heldout.jsonl")

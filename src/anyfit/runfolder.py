@@ -9,13 +9,13 @@ A run folder holds
 - ``loss.png``: the curves, drawn at the end of the run and by ``anyfit plot``;
 - ``.anyfit-run.lock``: held by the run that is writing the folder (``RunLock``);
 - ``checkpoint-<step>/``: written as ``.tmp-checkpoint-<step>/`` and renamed when complete (what a checkpoint
-  holds is ``anyfit.training.checkpoint``'s);
+  holds is ``anyfit.training.checkpoints.checkpoint``'s);
 - the final model (``config.json`` + weights, or ``adapter_config.json`` + adapter) when the run finished.
 """
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import json
 import os
 import socket
@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from anyfit.config import ConfigError
+from anyfit.durable import FileLock, LockBusy
 
 RUN_CONFIG = "config.yaml"
 RUN_INFO = "run_info.json"
@@ -39,72 +40,41 @@ LOCK = ".anyfit-run.lock"
 
 class NotWritten(Exception):
     """A checkpoint or the final model could not be written (a full disk, a quota): one line for the user,
-    saying what was lost and what is intact (``anyfit.training.storage``)."""
+    saying what was lost and what is intact (``anyfit.training.checkpoints.storage``)."""
 
 
 class RunLock:
     """Held by the process that writes a run folder for as long as its run goes on, so that a second run on the
-    same folder is refused at once. An ``flock``: the kernel releases it when the holding process ends, however
-    it ends, so the file a crashed or killed run leaves behind blocks nothing; what the file says (process, host,
-    start) only names the holder in the refusal; the file is removed when the run ends. (On a network file system that does not pass ``flock`` on, two
-    machines do not see each other's lock.)"""
+    same folder is refused at once, naming the holder (process, host, start). A ``durable.FileLock``: a crashed
+    or killed run's leftover file blocks nothing; the file is removed when the run ends."""
 
     def __init__(self, run_dir: Path, enabled: bool = True):
-        self.run_dir, self.enabled, self.file, self.created = Path(run_dir), enabled, None, False
+        self.run_dir, self.enabled, self.lock, self.created = Path(run_dir), enabled, None, False
 
     def __enter__(self) -> RunLock:
         if not self.enabled:
             return self
         self.created = not self.run_dir.exists()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.run_dir / LOCK
-        while True:
-            file = path.open("a+", encoding="utf-8")
-            try:
-                fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                file.seek(0)
-                holder = file.read().strip() or "another process"
-                file.close()
-                raise ConfigError(f"train.output_dir {self.run_dir} is in use by a run that is still going "
-                                  f"({holder}); wait for it to end, or choose another train.output_dir.") from None
-            try:
-                same = os.stat(path).st_ino == os.fstat(file.fileno()).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:  # else the holder removed the file as we opened it: lock the new one
-                break
-            file.close()
-        file.truncate(0)
-        file.write(f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}")
-        file.flush()
-        self.file = file
+        note = f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
+        lock = FileLock(self.run_dir / LOCK, wait=False, note=note, remove=True)
+        try:
+            self.lock = lock.__enter__()
+        except LockBusy as busy:
+            raise ConfigError(f"train.output_dir {self.run_dir} is in use by a run that is still going "
+                              f"({busy.holder or 'another process'}); wait for it to end, or choose another "
+                              "train.output_dir.") from None
         return self
 
     def __exit__(self, *exc) -> bool:
-        if self.file is not None:
-            (self.run_dir / LOCK).unlink(missing_ok=True)  # while still held: a waiting opener sees the inode change
+        if self.lock is not None:
+            self.lock.__exit__(*exc)
+            self.lock = None
             if self.created and not any(self.run_dir.iterdir()):
-                self.run_dir.rmdir()  # a run that stopped before writing anything leaves no folder
-            fcntl.flock(self.file, fcntl.LOCK_UN)
-            self.file.close()
-            self.file = None
+                # a run that stopped before writing anything leaves no folder (unless the next run's lock is in it)
+                with contextlib.suppress(OSError):
+                    self.run_dir.rmdir()
         return False
-
-
-def follow_umask(folder: Path) -> None:
-    """Give ``folder`` and the files directly in it the modes a plain ``open``/``mkdir`` would under the process's
-    umask: transformers writes weights through a private temporary file (mode 600) and ``tempfile.mkdtemp`` makes
-    private folders (700), so on a shared disk a group could read a model's config but not its weights. Only the
-    top level: that is where ``save_pretrained`` writes, and a run folder's checkpoints and logs below it were
-    written with the umask already (walking them would cost a stat per file of a large sharded checkpoint)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    folder = Path(folder)
-    folder.chmod(0o777 & ~mask)
-    for path in folder.iterdir():
-        if path.is_file() and not path.is_symlink():
-            path.chmod(0o666 & ~mask)
 
 
 def checkpoint_step(path: Path) -> int | None:

@@ -7,6 +7,7 @@ from transformers import AutoModelForCausalLM
 
 from anyfit.data.batching import IGNORE_INDEX, collate
 from anyfit.model.attention import register
+from anyfit.backends.replicated import Replicated
 from anyfit.training.step import backward_window
 
 
@@ -33,7 +34,7 @@ def _grads(model_dir, seqs, micro: int, packed: bool = False, attn: str = "sdpa"
     model = acc.prepare(model)
     window_tokens = sum(sum(1 for t in s["labels"][1:] if t != IGNORE_INDEX) for s in seqs)
     batches = [collate(seqs[i:i + micro], pad_id=0, packed=packed) for i in range(0, len(seqs), micro)]
-    backward_window(acc, model, batches, window_tokens)
+    backward_window(Replicated("test"), acc, model, batches, window_tokens)
     return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
 
 

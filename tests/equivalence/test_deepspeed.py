@@ -96,7 +96,7 @@ def test_a_zero3_checkpoint_exports_without_the_processes_that_wrote_it(zero3_tw
     """anyfit export of a checkpoint two ZeRO-3 processes wrote: DeepSpeed's zero_to_fp32 joins the partitions in
     one process (the replicated run's weights of that step), and the export goes on from there."""
     from anyfit.export.folder import export
-    from anyfit.training.integrity import checkpoint_problem
+    from anyfit.training.checkpoints.integrity import checkpoint_problem
 
     checkpoint = tmp_path / "run" / "checkpoint-4"
     shutil.copytree(zero3_two[0] / "checkpoint-4", checkpoint)

@@ -30,9 +30,12 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
                         f"data: {{path: {data}, template: plain}}\n"
                         "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, log_every: 1}\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("DS_ACCELERATOR", None)  # as a user's shell has it (an in-process run of this worker may have set it)
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run([sys.executable, "-m", "anyfit", "train", str(cfg_path), f"train.output_dir={one}"],
-                   check=True, env=env, capture_output=True)
+    single = subprocess.run([sys.executable, "-m", "anyfit", "train", str(cfg_path), f"train.output_dir={one}"],
+                            check=True, env=env, capture_output=True, text=True)
+    # Accelerate's unwrap_model imports DeepSpeed wherever it is installed: it must not speak in a run not using it
+    assert "[WARNING]" not in single.stderr, single.stderr[-2000:]
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "anyfit",
                           "train", str(cfg_path), f"train.output_dir={two}"], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -17,7 +17,7 @@ from launches import STEPS, complete_run, free_port, launch, losses, run_config
 from safetensors.torch import load_file
 from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for
 
-from anyfit.training.integrity import checkpoint_problem
+from anyfit.training.checkpoints.integrity import checkpoint_problem
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
 

@@ -26,7 +26,8 @@ from anyfit.data.batching import collate
 from anyfit.hardware.runtime import resolve_runtime
 from anyfit.model.loading import load_model
 from anyfit.training.loss import token_loss_sum
-from anyfit.training.sharding import local_numel, shard_model
+from anyfit.backends import local_numel
+from anyfit.backends.fsdp import FSDP2, shard_model
 from anyfit.training.step import backward_window
 
 acc = Accelerator(cpu=True)
@@ -45,7 +46,8 @@ rows = [{"input_ids": x, "labels": x} for x in ids]
 out = {"params": sum(1 for _ in model.parameters()), "total": sum(p.numel() for p in model.parameters())}
 for knob in ("off", "on"):  # one window each, the gradients dropped between them
     seen = []
-    backward_window(acc, model, [collate([r], pad_id=0) for r in rows], 20, loss_fn, reduce_every=knob == "on")
+    backward_window(FSDP2("probe", reduce_every=knob == "on"), acc, model, [collate([r], pad_id=0) for r in rows], 20,
+                    loss_fn)
     model.zero_grad(set_to_none=True)
     out[knob] = seen
 if acc.is_main_process:

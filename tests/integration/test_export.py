@@ -19,10 +19,10 @@ from tiny_runs import config_for, write_dataset
 from transformers import AutoModelForCausalLM
 
 from anyfit.cli import main
-from anyfit.export import gguf_support, gguf_writer
-from anyfit.export.errors import ExportError
+from anyfit.export import ExportError, gguf_writer
+from anyfit.export import request as gguf_support  # what the GGUF writer converts is checked with the request
 from anyfit.export.folder import export
-from anyfit.export.gguf_vocab import llama_cpp_pre_tokenizer
+from anyfit.export.gguf_writer import llama_cpp_pre_tokenizer
 from anyfit.training.loop import train
 
 IDS = torch.tensor([[3, 17, 42, 256, 511, 7, 99, 300]])

@@ -14,7 +14,7 @@ import pytest
 from tiny_runs import ENV, metric_steps, resume_config, start_train, wait_for
 
 from anyfit.runfolder import LOCK, RunLock
-from anyfit.training.integrity import checkpoint_problem
+from anyfit.training.checkpoints.integrity import checkpoint_problem
 
 
 @pytest.mark.multirun

@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from anyfit import cache
+from anyfit import cache, durable
 
 
 def _sha(path) -> str:
@@ -35,7 +35,7 @@ def test_a_fresh_file_is_hashed_but_not_remembered(own_cache):
 
 
 def test_a_remembered_digest_is_dropped_when_the_file_changes(own_cache, monkeypatch):
-    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    monkeypatch.setattr(durable, "RACY_S", 0.0)
     path = own_cache / "data.bin"
     path.write_bytes(b"a" * 5000)
     first = cache.file_sha256(path)
@@ -52,7 +52,7 @@ def test_a_remembered_digest_is_dropped_when_the_file_changes(own_cache, monkeyp
 
 
 def test_an_unwritable_cache_only_costs_the_hash(own_cache, monkeypatch):
-    monkeypatch.setattr(cache, "RACY_S", 0.0)
+    monkeypatch.setattr(durable, "RACY_S", 0.0)
     (own_cache / "cache").write_text("a file where the cache folder should be")
     path = own_cache / "data.bin"
     path.write_bytes(b"x" * 100)

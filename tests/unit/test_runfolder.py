@@ -8,12 +8,12 @@ import os
 import pytest
 
 from anyfit.config import ConfigError
+from anyfit.durable import follow_umask
 from anyfit.runfolder import (
     LOCK,
     RunLock,
     checkpoint_dirs,
     checkpoint_step,
-    follow_umask,
     read_metrics,
     read_run_info,
     run_of,

@@ -3,10 +3,10 @@ step's time, memory by kind beside the plan, MFU, and config advice (the same as
 real run; works under torchrun: one trace per process, the slowest process's breakdown printed).
 
 Then, on one process, a probe: the profiled config and the config with the speed advice applied each train
-``--probe-steps`` steps untraced in a fresh process, and their measured tokens/s give the advice's expected effect. The step
-model in ``anyfit.profiling.advice`` extrapolates from micro-batches the run has; a packed row or a larger
-micro-batch costs more per token on a CPU's caches than it can see (it predicted x3.1 where x1.9 was
-measured, BENCHMARKS.md), so the number printed as expected is the probe's measurement."""
+``--probe-steps`` steps untraced in a fresh process, and their measured tokens/s give the advice's expected effect.
+The probe, not the step model of ``anyfit.profiling.advice``, is printed: that model extrapolates from the run's own
+micro-batches and cannot see that a packed row or a larger micro-batch costs more per token on a CPU's caches
+(BENCHMARKS.md, 'Profile advice: predicted against measured (issue 21, CPU)')."""
 
 from __future__ import annotations
 

@@ -6,6 +6,9 @@ not the micro-batch. Every process draws the same seeded permutation, cuts it in
 ``effective_batch`` examples and takes its own slice, so 1 process x 8 micro-steps and 2 processes x
 4 micro-steps train on exactly the same examples per step. The position in the data is just the step
 number, which is what makes exact resume simple.
+
+A worked example, five examples over two processes, step by step: ``WindowSampler`` (which examples land in which
+window, process and micro-batch) and ``collate`` (the tensors of one micro-batch, padded and packed).
 """
 
 from __future__ import annotations
@@ -108,8 +111,37 @@ def trained_tokens(examples) -> np.ndarray:
 class WindowSampler:
     """Deterministic accumulation windows: ``window(step)`` gives this process's micro-batches for that step.
 
-    Lengths, trained-token counts and the epoch's permutation are arrays, not lists: at a million examples
-    the three lists held ~90 MiB of Python ints in every process."""
+    Lengths, trained-token counts and the epoch's permutation are arrays, not lists: as Python ints they cost
+    every process tens of MiB at a million examples (BENCHMARKS.md, 'Data at scale (token store, issue 19)').
+
+    A worked example (``tests/unit/data/test_batching_example.py`` runs it): five examples of 3, 5, 2, 4 and 1
+    tokens, each trained on all but its first token (2, 4, 1, 3 and 0 trained tokens), effective batch 4 over
+    2 processes with micro-batch 2 (so accumulation 1), seed 0:
+
+    >>> plan = BatchPlan(effective_batch=4, micro_batch=2, accumulation=1, processes=2)
+    >>> lengths, trained = [3, 5, 2, 4, 1], [2, 4, 1, 3, 0]
+    >>> [WindowSampler(lengths, trained, plan, p, seed=0).window(0) for p in (0, 1)]
+    [([[0, 4]], 9), ([[1, 3]], 9)]
+
+    5 // 4 = 1 step per epoch. Step 0 is in epoch 0, whose permutation (seeded with seed + epoch) is
+    [4, 0, 1, 3, 2]: the window is its first 4 examples, [4, 0, 1, 3], and example 2 sits this epoch out (a
+    partial window would change the effective batch of its step). Process 0 takes the first half, [4, 0],
+    process 1 the second, [1, 3]; each sorts its share longest first ([0, 4]: 3 and 1 tokens; [1, 3]: 5 and 4)
+    and cuts it into micro-batches of 2. Both report the trained tokens of the whole window, 2 + 0 + 4 + 3 = 9:
+    every micro-batch's summed loss, on every process, is divided by that one count. Step 1 is in epoch 1,
+    permutation [0, 4, 2, 3, 1]: window [0, 4, 2, 3], 2 + 0 + 1 + 3 = 6 trained tokens, and process 1's
+    share [2, 3] becomes [3, 2]:
+
+    >>> [WindowSampler(lengths, trained, plan, p, seed=0).window(1) for p in (0, 1)]
+    [([[0, 4]], 6), ([[3, 2]], 6)]
+
+    With micro-batch 1 (accumulation 2) each process runs the same examples as two micro-batches:
+
+    >>> plan = BatchPlan(effective_batch=4, micro_batch=1, accumulation=2, processes=2)
+    >>> [WindowSampler(lengths, trained, plan, p, seed=0).window(0) for p in (0, 1)]
+    [([[0], [4]], 9), ([[1], [3]], 9)]
+
+    What ``collate`` makes of process 1's micro-batch [1, 3] at step 0: its docstring."""
 
     def __init__(self, lengths, trainable, plan: BatchPlan, process_index: int, seed: int):
         self.lengths = np.asarray(lengths, dtype=np.int64)
@@ -164,7 +196,36 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
     Shifting per example (the last token of each example predicts nothing) means no position learns to
     predict the first token of the next packed example. ``keep`` selects the positions whose next token is
     trained (a boolean mask for padded rows, positions for a packed row: transformers' ``logits_to_keep``)
-    and ``keep_targets`` holds those tokens, so the output layer runs only where there is a loss.
+    and ``keep_targets`` holds those tokens, so the output layer runs only where there is a loss. No
+    ``labels`` tensor is returned: ``keep`` and ``keep_targets`` are the labels, in the form the loss takes them.
+
+    A worked example: process 1's micro-batch at step 0 of ``WindowSampler``'s example, examples 1 and 3 (token
+    ids chosen to be readable), each with its first token as the prompt (label -100, ``IGNORE_INDEX``):
+
+    >>> ex1 = {"input_ids": [11, 12, 13, 14, 15], "labels": [-100, 12, 13, 14, 15]}
+    >>> ex3 = {"input_ids": [31, 32, 33, 34], "labels": [-100, 32, 33, 34]}
+    >>> padded = collate([ex1, ex3], pad_id=0)
+    >>> padded["input_ids"].tolist(), padded["attention_mask"].tolist()
+    ([[11, 12, 13, 14, 15], [31, 32, 33, 34, 0]], [[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]])
+    >>> padded["keep"].tolist()
+    [[True, True, True, True, False], [True, True, True, False, False]]
+    >>> padded["keep_targets"].tolist()
+    [12, 13, 14, 15, 32, 33, 34]
+
+    Token 11 at position 0 is trained to predict 12 (the labels shifted by one); the last token of each example
+    (15, 34) and the padding predict nothing. Packed, the same two examples are one row of 9 tokens, the
+    positions restarting at example 3:
+
+    >>> packed = collate([ex1, ex3], pad_id=0, packed=True)
+    >>> packed["input_ids"].tolist(), packed["position_ids"].tolist()
+    ([[11, 12, 13, 14, 15, 31, 32, 33, 34]], [[0, 1, 2, 3, 4, 0, 1, 2, 3]])
+    >>> packed["packed_lengths"], packed["cu_seq_lens"].tolist()
+    ((5, 4), [0, 5, 9])
+    >>> packed["keep"].tolist(), packed["keep_targets"].tolist()
+    ([0, 1, 2, 3, 5, 6, 7], [12, 13, 14, 15, 32, 33, 34])
+
+    Position 4 (token 15, the end of example 1) is not kept: it does not learn to predict 31, the first token
+    of example 3. The trained targets are the same 7 tokens either way, in the same order.
     """
     targets = [ex["labels"][1:] + [IGNORE_INDEX] for ex in examples]
     if packed:

@@ -214,11 +214,10 @@ def _folder_files(path: Path, split: str) -> dict[str, list[Path]]:
 
 
 # ---------------------------------------------------------------------------------------------- save_to_disk
-# The Arrow files of a folder written by save_to_disk are read directly, as any .arrow file is, rather than through
-# datasets.load_from_disk: the slice, the row counts (Arrow metadata), the places (data-00000-of-00002.arrow row 7)
-# and the fingerprint (the files' bytes, not the saved `_fingerprint`, which is no hash of the content) are then
-# those of every other local file, with no second way of reading; and no saved format (torch, a column subset)
-# changes the raw records.
+# A save_to_disk folder's Arrow files are read as any .arrow file is, not through datasets.load_from_disk: slices,
+# row counts, places (data-00000-of-00002.arrow row 7) and the fingerprint (the files' bytes; the saved
+# `_fingerprint` is no hash of the content) work as for every local file, and no saved format (torch, a column
+# subset) changes the raw records.
 
 
 def _saved_dataset(path: Path) -> bool:

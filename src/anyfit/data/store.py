@@ -28,7 +28,8 @@ finds a stale store; an unchanged one always finds its own.
 Exactly one process per store location builds it: the others wait on a file lock (not on a collective with a
 timeout), then every process maps the same files. A store is built in a temporary folder and renamed when its
 manifest is written, so an interrupted build (Ctrl-C, SIGKILL, a full disk) never leaves a folder that looks
-complete; a store whose files do not match its manifest is rebuilt, never trusted.
+complete; a store whose files do not match its manifest is rebuilt, never trusted (the lock, the rename and the
+manifest's file table are ``anyfit.durable``'s).
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import itertools
 import json
@@ -55,17 +55,17 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from anyfit.cache import cache_root, file_sha256
+from anyfit import durable
+from anyfit.cache import cache_root, digest_memo
 from anyfit.config import DataConfig
 from anyfit.data import answers, audit, chat, formats, messages, stopping, templates, tokenization
 from anyfit.data.audit import Findings
 from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
+from anyfit.units import GIB
 
 FORMAT = 3  # 2: record_cut.bin; 3: parts (a record can make several examples)
-MANIFEST = "manifest.json"
-HASH = "sha256"
 # name -> dtype; the per-example and per-record arrays are small next to the token arrays.
 ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
           "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32}
@@ -117,7 +117,7 @@ class TokenStore:
         problem = store_problem(folder, verify)
         if problem:
             raise DataError(f"token store {folder}: {problem}")
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = durable.read_manifest(folder)
         arrays = {name: _map(folder / f"{name}.bin", dtype, manifest["counts"][name])
                   for name, dtype in ARRAYS.items()}
         return TokenStore(folder, arrays, manifest)
@@ -208,9 +208,9 @@ def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
     folder = root / key
     stamp = root / f"{key}.verified"
     launch = _launch_id()
-    with _locked(root / f"{key}.lock"):
-        # The processes of one launch share one check of every file's hash (about 1 s per GB, which N processes
-        # would otherwise pay in turn under the lock); the sizes are checked by each. A run of its own checks all.
+    with durable.FileLock(root / f"{key}.lock"):
+        # The processes of one launch share one check of every file's hash (N processes would otherwise pay for
+        # hashing in turn under the lock); the sizes are checked by each. A run of its own checks all.
         shared = launch is not None and stamp.is_file() and stamp.read_text() == launch
         problem = store_problem(folder, verify=not shared) if folder.exists() else "missing"
         if problem is None:
@@ -240,44 +240,34 @@ def _launch_id() -> str | None:
 
 def store_problem(folder: Path, verify: bool = False) -> str | None:
     """What is wrong with a store folder (None when it is complete): sizes always, hashes with ``verify``."""
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"no readable {MANIFEST} (an interrupted build)"
+    manifest = durable.read_manifest(folder)
+    if manifest is None:
+        return f"no readable {durable.MANIFEST} (an interrupted build)"
     if manifest.get("format") != FORMAT:
         return f"format {manifest.get('format')}, this anyfit writes {FORMAT}"
-    for name, entry in files.items():
-        path = folder / name
-        if not path.is_file() or path.stat().st_size != entry["size"]:
-            return f"{name} is missing or not {entry['size']} bytes"
-        if verify and file_sha256(path) != entry[HASH]:
-            return f"{name} does not match its {HASH}"
-    return None
+    return durable.manifest_problem(folder, manifest["files"], verify, memo=digest_memo())
 
 
 def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
     """Stream the records of ``cfg``, render and tokenize them in batches (in ``data.num_proc`` worker processes
     for large sets), and write the store into a temporary folder that is renamed when complete."""
-    tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    writer = _Writer(tmp)
     batches = _tokenized_batches(cfg, tokenizer)
+    writer: _Writer | None = None
     try:
-        for results in batches:
-            writer.add(results)
-        if not writer.kept:
-            raise DataError(tokenization.nothing_left(writer.report(cfg)))
-        writer.findings.check(cfg)
-        writer.finish(cfg, key=folder.name)
-        tmp.rename(folder)
+        with durable.building(folder) as tmp:
+            writer = _Writer(tmp)
+            for results in batches:
+                writer.add(results)
+            if not writer.kept:
+                raise DataError(tokenization.nothing_left(writer.report(cfg)))
+            writer.findings.check(cfg)
+            writer.finish(cfg, key=folder.name)
     except BaseException as e:
         batches.close()  # its progress bar clears its line before anything is printed
-        shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, KeyboardInterrupt):
-            raise KeyboardInterrupt(f"stopped while tokenizing {cfg.path}, after {writer.records:,} records; nothing "
-                                    "was kept: the next run (or anyfit prepare) tokenizes it again") from None
+            done = writer.records if writer is not None else 0
+            raise KeyboardInterrupt(f"stopped while tokenizing {cfg.path}, after {done:,} records; nothing was kept: "
+                                    "the next run (or anyfit prepare) tokenizes it again") from None
         raise
     echo(f"[anyfit] token store: {folder} (built: {writer.records:,} records, {writer.kept:,} examples)")
 
@@ -286,9 +276,10 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
 class _Packed:
     """One batch's tokenization results as flat arrays: what a worker sends back and the writer appends.
 
-    Arrays, not the lists ``tokenize_each`` returns: a pickled list of ints costs the sending and the receiving
-    process ~30 ns a token each, an array a copy of its bytes; the builder's parent process is then left with
-    little more than writing (measured: it was the serial part that kept two workers from two cores).
+    Arrays, not the lists ``tokenize_each`` returns: a pickled list costs both processes time per token, an array
+    only a copy of its bytes, so the builder's parent is left with little more than writing (the lists were the
+    serial part that kept two workers from two cores: BENCHMARKS.md, 'Measurements that were quoted in code
+    comments (moved 2026-11-26)').
     """
 
     records: np.ndarray  # int64, one per part: its record's position in the batch
@@ -412,7 +403,7 @@ def _workers(cfg: DataConfig) -> int:
         return int(cfg.num_proc)
     import psutil
 
-    gib = psutil.virtual_memory().available / 2**30
+    gib = psutil.virtual_memory().available / GIB
     return max(1, min(os.cpu_count() or 1, int(gib), 8))
 
 
@@ -482,12 +473,10 @@ class _Writer:
         counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
                   "trainable": len(self.trainable), "part_record": len(self.part_record), "part_fate": len(self.fates),
                   "part_example": len(self.part_example), "part_cut": len(self.cuts)}
-        files = {f"{name}.bin": {"size": (self.folder / f"{name}.bin").stat().st_size,
-                                 HASH: file_sha256(self.folder / f"{name}.bin")} for name in ARRAYS}
-        manifest = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
-                    "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
-                    "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg)), "files": files}
-        (self.folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+        header = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
+                  "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
+                  "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg))}
+        durable.write_manifest(self.folder, [f"{name}.bin" for name in ARRAYS], header, memo=digest_memo())
 
 
 def _map(path: Path, dtype, count: int) -> np.ndarray:
@@ -495,18 +484,3 @@ def _map(path: Path, dtype, count: int) -> np.ndarray:
         return np.zeros(0, dtype=dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
-
-class _locked:
-    """An exclusive ``flock`` on ``path`` for the duration of a ``with`` block (released if the process dies)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        self.file = self.path.open("a+")
-        fcntl.flock(self.file, fcntl.LOCK_EX)
-        return self
-
-    def __exit__(self, *exc):
-        fcntl.flock(self.file, fcntl.LOCK_UN)
-        self.file.close()

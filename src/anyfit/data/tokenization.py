@@ -383,8 +383,9 @@ def _encode(texts: list[str], tokenizer: PreTrainedTokenizerBase, add_special_to
         return []
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if _plain_backend(tokenizer, backend):
-        # The Rust tokenizer's batch call without character offsets, which nothing here reads: measured 15% less
-        # time than the transformers call on Qwen2.5 chat data, and tokenizing is most of a token store's build.
+        # The Rust tokenizer's batch call without the character offsets nothing here reads: faster, and tokenizing
+        # is most of a token store's build (BENCHMARKS.md, 'Measurements that were quoted in code comments
+        # (moved 2026-11-26)').
         return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=add_special_tokens)]
     return tokenizer(texts, add_special_tokens=add_special_tokens)["input_ids"]
 

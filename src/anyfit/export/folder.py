@@ -1,9 +1,9 @@
 """``anyfit export``: the checked request (``request``) made into a standalone model folder, then pushed.
 
 The model is loaded with a LoRA adapter merged into its base and written in one dtype with its tokenizer, the
-run's config.yaml and a model card (``card``); each GGUF file asked is written (``gguf_writer``) and loaded back
+run's config.yaml and a model card (``publish``); each GGUF file asked is written (``gguf_writer``) and loaded back
 and compared with the merged model (``gguf_check``) before the export counts as done; the folder is then
-uploaded if asked (``push``).
+uploaded if asked (``publish``).
 
 The folder is written under a temporary name next to ``out`` and renamed at the end, so a failed or
 interrupted export never leaves something that looks finished.
@@ -17,18 +17,18 @@ from pathlib import Path
 
 import torch
 
+from anyfit.data.stopping import write_generation_config
 from anyfit.data.templates import default_system_prompt
-from anyfit.export.card import model_card
-from anyfit.export.errors import ExportError
+from anyfit.durable import follow_umask
+from anyfit.export import ExportError
 from anyfit.export.gguf_check import check_gguf, reference_outputs
 from anyfit.export.gguf_writer import write_gguf
-from anyfit.export.push import push_folder
-from anyfit.export.request import DTYPES, ExportRequest, check_request
-from anyfit.export.result import ExportResult
+from anyfit.export.publish import model_card, push_folder
+from anyfit.export.request import DTYPES, ExportRequest, ExportResult, check_request
 from anyfit.export.sharded import gather_sharded_checkpoint
+from anyfit.hardware.runtime import quiet_deepspeed
 from anyfit.model.loading import load_for_inference
-from anyfit.data.stopping import write_generation_config
-from anyfit.runfolder import RUN_CONFIG, follow_umask
+from anyfit.runfolder import RUN_CONFIG
 
 
 def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None = None,
@@ -44,6 +44,7 @@ def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None 
     ``eval_summary``: an ``anyfit eval`` summary.json to report in the model card. ``command``: the command
     line to record in the card. Every input is checked before any weights load (``check_request``).
     """
+    quiet_deepspeed()
     req = check_request(run, out, dtype=dtype, gguf=gguf, push=push, overwrite=overwrite,
                         eval_summary=eval_summary, api=api)
     echo(f"[anyfit] export: {req.run} -> {req.out} ({req.dtype}: {req.dtype_reason})")

@@ -11,10 +11,9 @@ import gguf
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from anyfit.export.errors import ExportError
-from anyfit.export.gguf_support import GGUF_ARCHS
+from anyfit.export import ExportError
 from anyfit.export.gguf_writer import rope_settings, tensor_type
-from anyfit.export.result import GGUFAgreement
+from anyfit.export.request import GGUF_ARCHS, GGUFAgreement
 
 VERIFY_PROMPTS = ("The capital of France is", "def fibonacci(n):\n    return",
                   "Question: Tom has 12 apples and gives away 5. How many are left?\nAnswer:",

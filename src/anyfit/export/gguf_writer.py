@@ -1,30 +1,17 @@
-"""A transformers model folder as one GGUF file of a given type (``write_gguf``), one tensor at a time."""
+"""A transformers model folder as one GGUF file of a given type (``write_gguf``), one tensor at a time, with the
+tokenizer as llama.cpp's "gpt2" (byte-level BPE) vocabulary and llama.cpp's name for its pre-tokenizer, found
+by how it splits a probe text (``llama_cpp_pre_tokenizer``). What it converts is checked before any weights
+load (``request.check_gguf_support``); every file is then checked by ``gguf_check``."""
 
-# Which GGUF converter, and why.
-#
-# llama.cpp's own converter (convert_hf_to_gguf.py) lives in the llama.cpp repository and is not
-# published on PyPI by its maintainers. What PyPI offers:
-# - ``gguf`` (already a dependency of anyfit, pinned): llama.cpp's own Python package, published by
-#   ggml-org from the same repository. It carries the file writer (GGUFWriter), the reference
-#   quantizers in numpy (F32, F16, BF16, Q8_0, Q5_1, Q5_0, Q4_1, Q4_0, TQ1_0/TQ2_0; the K-quants only
-#   dequantize), llama.cpp's tensor-name tables per architecture and the reader of special tokens and
-#   chat templates. It does not carry the Hugging Face -> GGUF conversion script.
-# - ``convert-hf-to-gguf`` 0.1.1: a repackaging of llama.cpp's conversion script by a third party, not by
-#   ggml-org (uploaded by an individual, its repository under an anonymous-looking account with one
-#   commit; the author field just says "GGML"). Its code reads as upstream's, but the wheel also ships its
-#   own top-level ``gguf`` package (a newer snapshot of llama.cpp's), which installs over the ``gguf``
-#   distribution anyfit and transformers' GGUF reader depend on: two distributions owning the same files,
-#   where which copy wins depends on install order and removing either breaks the other. It also needs
-#   sentencepiece (even for BPE models). Not a well-kept dependency to put next to a pinned ``gguf``.
-# - llama-cpp-python compiles llama.cpp from source; other PyPI "converters" are small one-off projects.
-#
-# So the file is written with ``gguf`` itself: its writer, quantizers, tensor-name map and special-vocab
-# reader do the format work, and this module (with ``gguf_support`` and ``gguf_vocab``) adds only what the
-# conversion script would decide for the architectures anyfit checks here: Llama (also SmolLM, and Mistral's
-# architecture), Qwen2/2.5 and Qwen3, with a byte-level BPE tokenizer (llama.cpp's "gpt2" vocabulary;
-# SentencePiece ones such as Llama 2's are not). Anything else is refused with a one-line error that names
-# llama.cpp's script. Every file is loaded back with transformers (which dequantizes) and compared with the
-# merged model before the export is kept (``gguf_check.check_gguf``).
+# Why the file is written here with the ``gguf`` package (llama.cpp's own, pinned) rather than a converter:
+# llama.cpp's convert_hf_to_gguf.py is not on PyPI. ``gguf`` carries the writer, the reference quantizers (F32,
+# F16, BF16, Q8_0, Q5_0/1, Q4_0/1, TQ1_0/TQ2_0; K-quants only dequantize), the tensor-name tables and the
+# special-vocab reader, but not the conversion. ``convert-hf-to-gguf`` (0.1.1) is a third-party repackaging that
+# ships its own top-level ``gguf`` package over the pinned one (which copy wins depends on install order;
+# removing either breaks the other) and needs sentencepiece; llama-cpp-python compiles llama.cpp. So this module
+# adds only what the conversion script decides, for Llama (also SmolLM, Mistral's architecture), Qwen2/2.5 and
+# Qwen3 with a byte-level BPE tokenizer (not SentencePiece, such as Llama 2's); anything else is refused with a
+# line naming llama.cpp's script.
 
 from __future__ import annotations
 
@@ -35,15 +22,14 @@ from typing import Any
 
 import gguf
 import numpy as np
+import regex
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
 from transformers import AutoConfig, AutoTokenizer
 
-from anyfit.export.errors import ExportError
-from anyfit.export.gguf_support import GGUF_ARCHS, GGUFArch, check_gguf_architecture, check_gguf_tokenizer
-from anyfit.export.gguf_vocab import add_vocab
-from anyfit.export.local_files import read_json
+from anyfit.export import ExportError
+from anyfit.export.request import GGUF_ARCHS, GGUFArch, check_gguf_architecture, check_gguf_tokenizer, read_json
 
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
                "q5_1": "MOSTLY_Q5_1", "q5_0": "MOSTLY_Q5_0", "q4_1": "MOSTLY_Q4_1", "q4_0": "MOSTLY_Q4_0"}
@@ -232,3 +218,90 @@ def _llama3_rope_factors(config):
             smooth = (old_context / wavelength - low) / (high - low)
             factors.append(1 / ((1 - smooth) / factor + smooth))
     return np.array(factors, dtype=np.float32)
+
+
+# --------------------------------------------------- the tokenizer: llama.cpp's vocabulary and pre-tokenizer
+
+
+# llama.cpp's pre-tokenizer names and the splitting each stands for (its llama-vocab.cpp), tried in order
+# against the tokenizer's own pre-tokenizer on PROBE_TEXT. Several expressions apply one after the other.
+_CONTRACTIONS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_PRE_TOKENIZERS = {
+    "qwen2": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",),
+    "llama-bpe": (_CONTRACTIONS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                  r"|\s+(?!\S)|\s+",),
+    "smollm": (r"\p{N}", _GPT2),
+    "gpt-2": (_GPT2,),
+}
+PROBE_TEXT = ("Hello world! I'm here, you'll see: DON'T stop.\n\n\tIndented  twice   spaces 12 345 67890 "
+              "3.14159 $1,000.50 ab12cd x=y+z; foo_bar(baz) -> {'k': [1, 2]}\r\nhéllo wörld Ünïcode "
+              "日本語テキスト 🙂🙂 end...   \n  \n")
+
+
+def llama_cpp_pre_tokenizer(tokenizer) -> str:
+    """llama.cpp's name for how ``tokenizer`` splits text before BPE, found by splitting PROBE_TEXT both
+    ways; an ExportError if none of the known ones splits it the same (llama.cpp would tokenize differently)."""
+    backend = tokenizer.backend_tokenizer
+    text = backend.normalizer.normalize_str(PROBE_TEXT) if backend.normalizer is not None else PROBE_TEXT
+    split = ([(text, (0, len(text)))] if backend.pre_tokenizer is None
+             else backend.pre_tokenizer.pre_tokenize_str(text))
+    pieces = [text[a:b] for _, (a, b) in split]
+    for name, expressions in _PRE_TOKENIZERS.items():
+        candidate = [text]
+        for expression in expressions:
+            pattern = regex.compile(expression)
+            candidate = [piece for part in candidate for piece in _split_keeping_gaps(pattern, part)]
+        if candidate == pieces:
+            return name
+    raise ExportError("GGUF export: this tokenizer splits text before BPE in a way none of llama.cpp's known "
+                      f"pre-tokenizers ({', '.join(_PRE_TOKENIZERS)}) does; convert the exported folder with "
+                      "llama.cpp's convert_hf_to_gguf.py.")
+
+
+def _split_keeping_gaps(pattern, text: str) -> list[str]:
+    """The matches and the text between them, in order (how tokenizers' and llama.cpp's splits work)."""
+    pieces, pos = [], 0
+    for m in pattern.finditer(text):
+        if m.start() > pos:
+            pieces.append(text[pos:m.start()])
+        if m.end() > m.start():
+            pieces.append(m.group())
+        pos = m.end()
+    if pos < len(text):
+        pieces.append(text[pos:])
+    return pieces
+
+
+def add_vocab(writer, tokenizer, folder: Path, config) -> None:
+    """llama.cpp's "gpt2" vocabulary: every id up to the model's vocab size (ids the tokenizer lacks become
+    unused [PAD<i>] entries), token types from the tokenizer's added tokens, the merges, special ids and the
+    chat template (gguf's SpecialVocab reads those from the folder)."""
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(llama_cpp_pre_tokenizer(tokenizer))
+    reverse = {i: t for t, i in tokenizer.get_vocab().items()}
+    added = tokenizer.added_tokens_decoder
+    size = config.vocab_size  # llama.cpp wants one token per embedding row
+    if max(reverse) >= size:
+        raise ExportError(f"GGUF export: the tokenizer has ids up to {max(reverse)} but the model only {size} "
+                          "embedding rows; resize the embeddings to the tokenizer before exporting.")
+    tokens, types = [], []
+    for i in range(size):
+        if i not in reverse:
+            tokens.append(f"[PAD{i}]")
+            types.append(gguf.TokenType.UNUSED)
+        elif i in added:
+            tokens.append(reverse[i])
+            # <|...|> tokens marked not special (Qwen's fim and repo tokens) are still control tokens to
+            # llama.cpp: never produced from plain text, not printed; its converter marks them so too
+            looks_special = reverse[i].startswith("<|") and reverse[i].endswith("|>")
+            types.append(gguf.TokenType.CONTROL if added[i].special or looks_special else gguf.TokenType.USER_DEFINED)
+        else:
+            tokens.append(reverse[i])
+            types.append(gguf.TokenType.NORMAL)
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    prefix_space = read_json(folder / "tokenizer_config.json").get("add_prefix_space")
+    if prefix_space is not None and writer.arch == "llama":  # as llama.cpp's converter records it
+        writer.add_add_space_prefix(bool(prefix_space))
+    gguf.SpecialVocab(folder, load_merges=True, n_vocab=size).add_to_gguf(writer, quiet=True)

@@ -17,7 +17,6 @@ import sys
 
 import torch
 
-GIB = 2**30
 
 
 def is_oom(error: BaseException) -> bool:
@@ -63,13 +62,12 @@ def release_cached(device: str) -> None:
 def keep_host_heap_small() -> bool:
     """Give freed tensors' host memory back to the OS as they are freed, for the rest of the process.
 
-    glibc serves an allocation above its mmap threshold (128 KiB at start) with its own mapping, returned on
-    free, but raises the threshold to the size of each such block freed (up to 32 MiB): after a few steps
-    every tensor below 32 MiB lives on the heap, and the heap keeps what was freed. Measured on the SmolLM2
-    folder sharded over 2 CPU processes (BENCHMARKS.md): 0.25 GiB of live weights and 1.25 GiB of live tensors
-    at most, 2.5-2.9 GiB resident, 1.7 GiB with the threshold pinned. Pinned here as the environment variable
-    ``MALLOC_MMAP_THRESHOLD_`` would, which also stops the raising. Returns whether it was set (glibc only).
-    Hand-written through ctypes: no library exposes ``mallopt``; jemalloc or tcmalloc would need preloading."""
+    glibc serves an allocation above its mmap threshold (128 KiB at start) with its own mapping, returned on free,
+    but raises the threshold to the size of each such block freed (up to 32 MiB): after a few steps every tensor
+    below 32 MiB lives on the heap, and the heap keeps what was freed (BENCHMARKS.md, 'Host RAM of sharded training:
+    the model read once (issue 20, CPU)'). Pinned here as the environment variable ``MALLOC_MMAP_THRESHOLD_`` would,
+    which also stops the raising. Returns whether it was set (glibc only). Hand-written through ctypes: no library
+    exposes ``mallopt``; jemalloc or tcmalloc would need preloading."""
     libc = _glibc()
     return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, HOST_MMAP_THRESHOLD))
 

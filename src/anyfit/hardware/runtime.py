@@ -17,6 +17,7 @@ import torch
 
 from anyfit.config import Config, ConfigError, RuntimeConfig
 from anyfit.hardware.elastic import init_restarted_process_group
+from anyfit.units import GIB
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,7 @@ def weight_dtype(model_dtype: str, lora: bool, device: str, precision: str) -> t
 PRECISION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+# bitsandbytes' block-wise 8-bit AdamW: CUDA only (training.optim), not sharded (below), 2 B/param (planning.setup).
 EIGHT_BIT_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
 
@@ -208,7 +210,7 @@ def sharding_refusal(cfg: Config, device: str, precision: str, optimizer: str | 
     """Why this run cannot be sharded with FSDP2 on ``device`` in ``precision`` ('' when it can).
 
     The one owner of these rules: the training loop refuses a sharded run with this text
-    (``anyfit.training.sharding.decide_sharding``), and the planner leaves sharding out of its saver ladder for
+    (``anyfit.backends.choose_backend``), and the planner leaves sharding out of its saver ladder for
     the same reasons (``optimizer`` there is the one the ladder tries instead of ``train.optimizer``)."""
     optimizer = optimizer or cfg.train.optimizer
     if device not in ("cuda", "cpu"):
@@ -289,10 +291,20 @@ def deepspeed_launch_refusal(environ=os.environ) -> str:
 
 
 def apply_policy(policy: RuntimePolicy) -> None:
-    """Process-wide switches that follow from the policy (TF32)."""
+    """Process-wide switches that follow from the policy (TF32; DeepSpeed told there is no GPU)."""
     if policy.device == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = policy.tf32
         torch.backends.cudnn.allow_tf32 = policy.tf32
+    quiet_deepspeed()
+
+
+def quiet_deepspeed() -> None:
+    """Where DeepSpeed is installed, Accelerate's ``unwrap_model`` (which transformers' ``save_pretrained`` calls)
+    imports it in every run, DeepSpeed or not; without CUDA it then warns on the terminal that it found no GPU.
+    Telling it the CPU is the accelerator, which it would pick anyway, keeps that import quiet (DeepSpeed runs
+    only on CUDA or CPU in anyfit, so nothing else is changed by it)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 
 def memory_summary() -> list[str]:
@@ -300,15 +312,15 @@ def memory_summary() -> list[str]:
     import psutil  # a dependency of accelerate
 
     vm = psutil.virtual_memory()
-    lines = [f"host memory: {vm.total / 2**30:.1f} GiB total, {vm.available / 2**30:.1f} GiB available, "
+    lines = [f"host memory: {vm.total / GIB:.1f} GiB total, {vm.available / GIB:.1f} GiB available, "
              f"{os.cpu_count()} CPU cores"]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             free, total = torch.cuda.mem_get_info(i)
-            lines.append(f"cuda:{i} {torch.cuda.get_device_name(i)}: {total / 2**30:.1f} GiB total, "
-                         f"{free / 2**30:.1f} GiB free, capability {torch.cuda.get_device_capability(i)}")
+            lines.append(f"cuda:{i} {torch.cuda.get_device_name(i)}: {total / GIB:.1f} GiB total, "
+                         f"{free / GIB:.1f} GiB free, capability {torch.cuda.get_device_capability(i)}")
     elif getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
-        lines.append(f"mps: unified memory, recommended max {torch.mps.recommended_max_memory() / 2**30:.1f} GiB")
+        lines.append(f"mps: unified memory, recommended max {torch.mps.recommended_max_memory() / GIB:.1f} GiB")
     return lines
 
 

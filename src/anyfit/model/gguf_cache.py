@@ -1,18 +1,18 @@
 """Turning a GGUF checkpoint into a normal safetensors HF folder, once, and reusing it.
 
-transformers can read a GGUF file directly, but it dequantizes every tensor on each load (about 18 s
-for SmolLM2-135M on 2 CPU cores). Saving the dequantized float32 weights once as safetensors makes
-every later load a plain ``from_pretrained`` of a folder (about 3 s).
+transformers can read a GGUF file directly, but it dequantizes every tensor on each load. Saving the
+dequantized float32 weights once as safetensors makes every later load a plain, several times faster
+``from_pretrained`` of a folder (BENCHMARKS.md, 'Measurements that were quoted in code comments (moved
+2026-11-26)').
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
+from anyfit import durable
 from anyfit.cache import cache_root
 
 SMOLLM2_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -67,8 +67,8 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None)
 
     ``cache_dir`` is the folder to create; by default ``<cache root>/<gguf stem>``. A folder that
     already exists and is complete is returned as is. The folder is written under a temporary name
-    next to it and renamed at the end, so an interrupted run never leaves a half-written model
-    that a later call would take for a complete one.
+    next to it and renamed at the end (``anyfit.durable.building``), so an interrupted run never leaves a
+    half-written model that a later call would take for a complete one.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -90,25 +90,16 @@ def materialize_gguf(gguf_path: str | Path, cache_dir: str | Path | None = None)
             f"{out} exists but was not written by anyfit (no {_COMPLETE_MARKER}); "
             "remove it or choose another cache_dir.")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
-        drop_gguf_quantizer(model)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / _COMPLETE_MARKER).write_text(json.dumps(source, indent=1) + "\n")
-        try:
-            tmp.rename(out)
-        except OSError:
-            # Another process finished the same folder first: keep theirs.
-            if not is_materialized(out):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        with durable.building(out) as tmp:
+            tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+            drop_gguf_quantizer(model)
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            (tmp / _COMPLETE_MARKER).write_text(json.dumps(source, indent=1) + "\n")
+    except OSError:
+        if not is_materialized(out):  # else another process finished the same folder first: keep theirs
+            raise
     return out

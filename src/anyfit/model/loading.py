@@ -51,7 +51,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
     """The causal LM in the policy's dtype, gradient checkpointing as configured, LoRA applied if enabled.
 
     ``empty``: read no weights: the same architecture (LoRA included) with its parameters on the meta device,
-    for a process that receives its shards from the one that read them (``anyfit.training.sharding``)."""
+    for a process that receives its shards from the one that read them (``anyfit.backends.fsdp``)."""
     src = ModelSource.from_config(cfg.model)
     dtype = weight_dtype(cfg.model.dtype, cfg.lora.enabled or cfg.lora.qlora, policy.device, policy.precision)
     kwargs: dict = dict(dtype=dtype, trust_remote_code=cfg.model.trust_remote_code, revision=cfg.model.revision)

@@ -10,12 +10,13 @@ from typing import Any
 
 from anyfit.config import Config, ConfigError
 from anyfit.data.batching import BatchPlan, choose_micro_batch
-from anyfit.hardware.runtime import resolve_runtime, sharding_refusal
+from anyfit.hardware.runtime import EIGHT_BIT_OPTIMIZERS, resolve_runtime, sharding_refusal
 from anyfit.model.shape import ModelShape
 from anyfit.planning.memory import MemoryEstimate, estimate_memory
-from anyfit.planning.presets import GIB, PCIE4_GBS, Target
-from anyfit.planning.setup import EIGHT_BIT, OPTIMIZER_NAMES, SAFETY, Setup, config_overrides, setup_for
+from anyfit.planning.presets import PCIE4_GBS, Target
+from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY, Setup, config_overrides, setup_for
 from anyfit.planning.time import StepTime, duration_text, step_seconds, step_time
+from anyfit.units import GIB
 
 
 @dataclass(frozen=True)
@@ -130,32 +131,21 @@ class _Option:
     reduce: bool = False  # sharded: reduce-scatter every micro-batch (runtime.fsdp_reduce_every_micro_batch)
 
 
-# The saver ladder, cheapest first. What costs speed least, on the targets anyfit plans for:
-# - 8-bit AdamW states: 6 of AdamW's 8 bytes per parameter gone for an update that streams fewer bytes; the
-#   results match 32-bit AdamW (Dettmers et al. 2022, "8-bit Optimizers via Block-wise Quantization"). CUDA only.
-# - checkpointing every 4th / 2nd layer: recomputes 1/4 / 1/2 of the forward, ~8% / ~17% of a step, and keeps
-#   the activations of the other layers; every layer ~33% (the forward is about 1/3 of a full fine-tuning step,
-#   1/2 with a frozen LoRA base, so there every layer costs ~50%).
-# - FSDP sharding: free in memory terms (1/N of everything), costs the all-gathers and reduce-scatter the compute
-#   cannot hide: little over NVLink, a lot over PCIe (8x L40S).
-# - with accumulation, a reduce-scatter after every micro-batch instead of one per window: no unsharded fp32
-#   gradient of the whole model through the window (4 bytes per parameter on every device), for one
-#   reduce-scatter per micro-batch (the time model counts them).
-# - CPU offload: all weights cross PCIe twice per micro-batch and the optimizer runs on the CPU: the slowest.
-# The first four keep the configured run's math (8-bit states almost) at a cost the time model can weigh, so
-# they form the first tier, and among its combinations that fit the planner takes the shortest *estimated* step
-# on this target: their costs are weighed with this machine's FLOPs, memory bandwidth and interconnect instead
-# of a fixed order (on NVLink sharding usually beats dense checkpointing; on PCIe dense checkpointing can beat
-# sharding). Equal estimates fall back to the order of _Planner.options (fewer and cheaper savers first).
-# CPU offload keeps the math too but is a tier of its own, tried only when nothing in the first fits: its cost
-# is the least certain part of the time model (the CPU optimizer's throughput is assumed, the copies are taken
-# as perfectly overlapped), and in practice it is the slowest saver.
-# Then Adafactor: no first moment and relative step sizes (the configured learning rate no longer means the
-# same), so it changes the optimizer. Then LoRA (changes what trains), then QLoRA (also quantizes the base,
-# CUDA), each again with the savers above in the same order. Last, more GPUs of this kind, sharded (offered as
-# an alternative when the choice is slow or changes the run). Savers the config already names are kept:
-# checkpointing may only get denser, a configured optimizer or sharding mode is not swapped (and costs no
-# tier), and an explicit runtime.sharding=none is never overridden.
+# The saver ladder, cheapest first:
+# - 8-bit AdamW states (CUDA): 6 of AdamW's 8 bytes per parameter, results matching 32-bit AdamW (Dettmers et
+#   al. 2022, "8-bit Optimizers via Block-wise Quantization");
+# - checkpointing every 4th / 2nd / every layer: recomputes that share of the forward (1/3 of a full fine-tuning
+#   step, 1/2 with a frozen LoRA base);
+# - FSDP sharding: 1/N of everything, for the communication compute cannot hide (little over NVLink, a lot over
+#   PCIe); with accumulation, a reduce-scatter every micro-batch also drops the unsharded fp32 gradient;
+# - CPU offload: every weight crosses PCIe twice per micro-batch and the optimizer runs on the CPU.
+# All but CPU offload keep the run's math (8-bit states almost), so they are one tier: the combination with the
+# shortest *estimated* step on this target wins (on NVLink sharding usually beats dense checkpointing, on PCIe not);
+# ties go to _Planner.options' order. CPU offload is a tier of its own, tried only when nothing in the first fits: its
+# time estimate is the least certain. Then the savers that change the run: Adafactor (no first moment, relative step
+# sizes), LoRA, QLoRA (CUDA), each with the savers above; last, more GPUs of this kind, sharded. Savers the config
+# names are kept: checkpointing may only get denser, a configured optimizer or sharding mode is not swapped (and costs
+# no tier), and an explicit runtime.sharding=none is never overridden.
 _CKPT_LEVELS = (4, 2, 1)
 
 
@@ -188,7 +178,7 @@ class _Planner:
             method = "lora"
         self.method = method
         optimizer = cfg.train.optimizer
-        if optimizer in EIGHT_BIT and not self.cuda:
+        if optimizer in EIGHT_BIT_OPTIMIZERS and not self.cuda:
             self.notes.append(f"train.optimizer={optimizer} needs CUDA (bitsandbytes); planned with adamw here")
             optimizer = "adamw"
         self.optimizer = optimizer
@@ -263,7 +253,7 @@ class _Planner:
             # in-place row/column norms do not run on sharded weights), on MPS, or of QLoRA; and 8-bit states
             # with CPU offload (bitsandbytes' kernels need the states on the GPU).
             ok = [sh for sh in shardings if (sh == "none" or not self.blocker(method, optimizer))
-                  and not (sh == "offload" and optimizer in EIGHT_BIT)]
+                  and not (sh == "offload" and optimizer in EIGHT_BIT_OPTIMIZERS)]
             return ok or ["none"]  # a configured sharding the loop would refuse: planned unsharded (and noted)
 
         def reduces(sharding: str) -> tuple[bool, ...]:
@@ -338,7 +328,7 @@ def _verdict(setup: Setup, configured: _Option) -> str:
             added.append(f"sharding over {setup.processes} GPUs")
     if setup.reduces_every_micro_batch and not configured.reduce:
         added.append(_REDUCE_EVERY)
-    if setup.optimizer in EIGHT_BIT and configured.optimizer not in EIGHT_BIT:
+    if setup.optimizer in EIGHT_BIT_OPTIMIZERS and configured.optimizer not in EIGHT_BIT_OPTIMIZERS:
         added.append(OPTIMIZER_NAMES[setup.optimizer])
     ckpt = setup.checkpoint_every if setup.gradient_checkpointing else 0
     if ckpt != configured.ckpt:
@@ -356,14 +346,10 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                 examples: int | None = None) -> TargetPlan:
     """Find how the configured run fits on ``target``, with the cheapest memory savers that make it fit.
 
-    First the run as configured; then the cheap savers (8-bit AdamW states, checkpointing every 4th / 2nd /
-    every layer, FSDP over the target's GPUs, and their combinations: the one with the shortest estimated step
-    wins); then CPU offload; then Adafactor; then LoRA, then QLoRA (each with the savers that help them); then
-    a full shard over more GPUs of this kind; else a bigger GPU. The order and why: the comment above
-    ``_Planner``.
-    At each option the micro-batch is chosen as ``micro_batch=auto`` chooses it (the largest divisor of the
-    per-process share of the effective batch that fits), here under ``safety`` x the target's memory;
-    accumulation keeps the effective batch. ``examples`` (or data.num_samples) gives the steps per epoch.
+    First the run as configured, then the saver ladder in the order the comment above ``_Planner`` gives and
+    explains; else a bigger GPU. At each option the micro-batch is chosen as ``micro_batch=auto`` chooses it (the
+    largest divisor of the per-process share of the effective batch that fits), here under ``safety`` x the target's
+    memory; accumulation keeps the effective batch. ``examples`` (or data.num_samples) gives the steps per epoch.
 
     Kept whole: it is the ladder itself, step by step in the order it is tried; its parts (the
     options, fitting, scoring) are the ``_Planner`` methods it calls.
@@ -460,15 +446,13 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
 def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes: int) -> tuple[bool, str]:
     """Whether a run with ``runtime.sharding=auto`` should shard (FSDP2) over ``processes``, and why, in one line.
 
-    The training loop asks this (``anyfit.training.sharding.decide_sharding``) with ``presets.this_machine()``
-    and the launched process count; ``anyfit plan`` makes the same estimate. The run is estimated as
-    configured (method, optimizer, checkpointing, ``train.micro_batch`` when it is a number, else the
-    micro_batch=auto rule), unsharded, under the planner's safety share of one device's memory (CPU
-    processes share the host RAM). It fits: no sharding (DDP is faster and simpler). It does not: shard,
-    when sharding is possible for this run (not fp16, no generation eval during training, CUDA or CPU, not
-    QLoRA) - sharding only lowers the per-device memory, so it is the better bet even when the sharded
-    estimate is still over the budget (the reason says so). One process, or a DeepSpeed launch (ZeRO
-    shards instead), is never sharded.
+    Asked by the training loop (``anyfit.backends.choose_backend``, with ``presets.this_machine()`` and the
+    launched process count) and by ``anyfit plan``. The run is estimated as configured (its micro-batch, or the
+    micro_batch=auto rule), unsharded, under the planner's safety share of one device's memory (CPU processes
+    share the host RAM). It fits: no sharding (DDP is faster and simpler). It does not: shard where possible (not
+    fp16, no generation eval during training, CUDA or CPU, not QLoRA), even when the sharded estimate is still
+    over the budget (the reason says so): sharding only lowers the per-device memory. One process, or a
+    DeepSpeed launch (ZeRO shards instead), never shards.
     """
     if processes <= 1:
         return False, "one process: nothing to shard over"

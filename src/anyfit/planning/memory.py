@@ -7,19 +7,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from anyfit.hardware.runtime import EIGHT_BIT_OPTIMIZERS
 from anyfit.model.shape import ModelShape, Projection, kv_cache_bytes
-from anyfit.planning.presets import GIB
 from anyfit.planning.setup import (
     _DROPOUT_MASK_BYTES,
     BNB_BLOCK,
     BYTES,
-    EIGHT_BIT,
     EIGHT_BIT_STATE_BYTES,
     NF4_BYTES_PER_PARAM,
     OPTIMIZER_NAMES,
     RUNTIME_OVERHEAD_GIB,
     Setup,
 )
+from anyfit.units import GIB
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def optimizer_state_bytes(shape: ModelShape, setup: Setup) -> int:
     if setup.optimizer == "adamw":
         return int(2 * trainable * grad_bytes / shard)
     mats, vectors = _trainable_tensors(shape, setup)
-    if setup.optimizer in EIGHT_BIT:
+    if setup.optimizer in EIGHT_BIT_OPTIMIZERS:
         return int(((trainable - vectors) * EIGHT_BIT_STATE_BYTES + vectors * 8) / shard)
     if setup.optimizer == "adafactor":
         factored = sum(n * (r / shard + c) for r, c, n in mats)
@@ -315,7 +315,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     weights = int(loaded / shard)
     gradients = trainable * grad_bytes // shard
     optimizer = optimizer_state_bytes(shape, setup)
-    if setup.optimizer in EIGHT_BIT:
+    if setup.optimizer in EIGHT_BIT_OPTIMIZERS:
         notes.append(f"{OPTIMIZER_NAMES[setup.optimizer]} (bitsandbytes, CUDA): both moments in 1 byte + an fp32 "
                      f"absmax per {BNB_BLOCK} values, {EIGHT_BIT_STATE_BYTES:.2f} B/param instead of 8")
     elif setup.optimizer == "adafactor":
@@ -349,7 +349,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
 
     # --- host RAM: the model as read, before moving or sharding it; offloaded state ---
     # Replicated, each process reads the whole model; sharded, only process 0 does, and the others receive their
-    # shards from it (anyfit.training.sharding.shard_model), under offload into host RAM while it still holds it.
+    # shards from it (anyfit.backends.fsdp.shard_model), under offload into host RAM while it still holds it.
     host = int(n * loaded) if not setup.fsdp else int(loaded * (2 if setup.offload else 1))
     if setup.method == "qlora":
         host = 0  # QLoRA loads straight onto the GPU

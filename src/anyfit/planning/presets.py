@@ -36,18 +36,18 @@ from dataclasses import dataclass, field, replace
 from anyfit.config import ConfigError
 from anyfit.hardware.memory import free_bytes, total_bytes
 from anyfit.hardware.runtime import Hardware
+from anyfit.units import GIB
 
-GIB = 2**30
 
 # Utilisation of the datasheet peak that a plain PyTorch SFT step reaches. 35% is typical for CUDA bf16
 # with SDPA and no torch.compile; Apple's MPS backend lands lower. The CPU figure is relative to a fp32
 # matmul throughput *measured* on the machine (or CPU_TFLOPS_PER_CORE), so it stands for the non-matmul
-# work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages): 0.26-0.50 in the
-# single-thread runs of benchmarks/PLAN_VS_MEASURED.md.
+# work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages; the range measured:
+# benchmarks/PLAN_VS_MEASURED.md, 'Summary').
 DEFAULT_MFU = {"cuda": 0.35, "mps": 0.25, "cpu": 0.35}
 
-# Sustained fp32 GEMM per CPU core when not measured (AVX2/AVX-512 server cores, shared machines).
-# Two cores of the EPYC this was developed on measured 0.04-0.07 TFLOP/s on 1024-2048 matmuls.
+# Sustained fp32 GEMM per CPU core when not measured (AVX2/AVX-512 server cores, shared machines; BENCHMARKS.md,
+# 'Measurements that were quoted in code comments (moved 2026-11-26)').
 CPU_TFLOPS_PER_CORE = 0.03
 
 # What the OS, Python and the frameworks take in the same memory the model uses (Apple unified memory),

@@ -9,9 +9,10 @@ from typing import Any
 from anyfit.config import Config, ConfigError
 from anyfit.model.shape import ModelShape, model_shape
 from anyfit.planning.ladder import TargetPlan, plan_target
-from anyfit.planning.presets import DEFAULT_MFU, GIB, PRESETS, PRICE_NOTE, Target, default_targets
+from anyfit.planning.presets import DEFAULT_MFU, PRESETS, PRICE_NOTE, Target, default_targets
 from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY, Setup, config_overrides
 from anyfit.planning.time import duration_text
+from anyfit.units import GIB
 
 
 def _resolve_targets(targets) -> list[Target]:

@@ -22,7 +22,6 @@ NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 8 / (64 * 256)
 # are shared and ignored. Paged 8-bit AdamW has the same device footprint until memory runs short.
 BNB_BLOCK = 256
 EIGHT_BIT_STATE_BYTES = 2 + 2 * 4 / BNB_BLOCK
-EIGHT_BIT = ("adamw_8bit", "paged_adamw_8bit")
 OPTIMIZER_NAMES = {"adamw": "AdamW", "adamw_8bit": "8-bit AdamW", "paged_adamw_8bit": "paged 8-bit AdamW",
                    "adafactor": "Adafactor"}
 
@@ -44,10 +43,9 @@ DDP_BUCKET_BYTES = 25 * 2**20
 
 # Fixed memory a process needs besides tensors: the CUDA context and library workspaces (not counted by
 # torch.cuda.max_memory_allocated, but taken from the GPU); on Apple unified memory and on the CPU the
-# Python process itself (interpreter, torch, transformers, the tokenizer, the data). The CPU figure comes
-# from benchmarks/plan_vs_measured.py: ~0.75 GiB RSS before the model is loaded, ~0.25 GiB more once a step
-# has run (library code paged in), and ~0.25 GiB of glibc heap slack (freed activations the allocator keeps:
-# 0.15 GiB measured for full fine-tuning, 0.45-0.5 GiB for LoRA, about constant in the batch size).
+# Python process itself (interpreter, torch, transformers, the tokenizer, the data). The CPU figure is the
+# process before the model, library code paged in by the first step, and glibc's heap slack (freed activations
+# it keeps), as measured in benchmarks/PLAN_VS_MEASURED.md, 'Summary'.
 RUNTIME_OVERHEAD_GIB = {"cuda": 0.5, "mps": 1.0, "cpu": 1.25}
 
 # Share of the target's memory the plan may use: the rest absorbs allocator fragmentation and estimate error.

@@ -5,15 +5,15 @@ config and the machine allow (``Facts``), and either stays silent or returns one
 the reason as measured in this run, and the expected effect. A rule fires only above a threshold of its own
 measured share (the constants below), so a run gets no advice its numbers do not support.
 
-Time predictions come from one step model: the measured step is data wait + host-to-device + the
-micro-batches' forward/backward + optimizer + the rest. The micro-batches' cost is fitted on this run's own
-micro-batches (the faster half of them: what else runs on the machine only adds time, see ``micro_fit``) as
-``seconds = a + b x positions + c x trained tokens`` (``a``: the fixed cost of a
-forward/backward call: Python, operator dispatch, kernel launches, a dense embedding gradient; ``b``: per token
-position, padding included; ``c``: the output head, which runs on trained tokens only); a change of micro-batch
-size or of packing changes the number of calls and positions (``Layout``, counted on the profiled windows
-themselves) and nothing else: the step's time changes by ``a`` and ``b`` times those differences. Tokens per
-second scale as the inverse of the step time (the same real tokens per step).
+Time predictions come from one step model: the measured step is data wait + host-to-device + the micro-batches'
+forward/backward + optimizer + the rest. The micro-batches' cost is fitted on this run's own micro-batches (the
+faster half of them: what else runs on the machine only adds time, see ``micro_fit``) as ``seconds = a + b x
+positions + c x trained tokens`` (``a``: the fixed cost of a forward/backward call: Python, operator dispatch,
+kernel launches, a dense embedding gradient; ``b``: per token position, padding included; ``c``: the output head,
+which runs on trained tokens only); a change of micro-batch size or of packing changes the number of calls and
+positions (``Layout``, counted on the profiled windows themselves) and nothing else: the step's time changes by
+``a`` and ``b`` times those differences. Tokens per second scale as the inverse of the step time (the same real
+tokens per step).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from anyfit.units import GIB
 
 # A rule fires when its measured share of the step (or of the memory) reaches:
 PADDING_SHARE = 0.10  # padded positions among all positions, now or at the proposed micro-batch
@@ -87,7 +89,7 @@ class Profile:
     micro_seconds: list[float]
     micro_positions: list[float]
     micro_trained: list[float] = field(default_factory=list)  # trained tokens of each micro-batch
-    untraced_step: float | None = None  # the same step's seconds without the profiler (its overhead is per operator)
+    untraced_step: float | None = None  # the same step's seconds without the profiler (the time predictions' unit)
     communication: float = 0.0
     device_busy: float | None = None
     device_matmul: float = 0.0
@@ -116,19 +118,15 @@ def micro_fit(profile: Profile) -> tuple[np.ndarray, np.ndarray]:
     """The coefficients of ``seconds = a + b x positions (+ c x trained tokens)`` per micro-batch, and the fitted
     seconds of each profiled micro-batch (empty arrays: nothing to fit).
 
-    The trained tokens are a regressor of their own because the output head (a vocabulary-wide matmul) runs on them
-    only, and they vary apart from the positions (prompts differ in length). With too few distinct sizes to fit, all
-    the cost is per position (a = 0: no gain claimed from fewer, larger micro-batches). The fit is non-negative: no
-    cost is negative, whatever the timing noise.
+    Trained tokens get their own column because the output head runs on them only, and they vary apart from the
+    positions. With too few distinct sizes, all the cost is per position (a = 0: no gain claimed from fewer,
+    larger micro-batches). No coefficient is negative, whatever the timing noise.
 
-    Timing noise is one-sided: another process taking the core, an interrupt, a page fault only ever add time, and
-    on a shared machine (a CI runner, a laptop) they come in bursts over several micro-batches that least squares
-    would read as cost per token or per call. So the fit is made to the faster part of the micro-batches: starting
-    from the fit to all of them, it keeps the ``FAST_SHARE`` whose times lie lowest against the current fit and
-    refits on those, until the kept set no longer changes (the concentration steps of least trimmed squares,
-    Rousseeuw & Van Driessen's FAST-LTS, on the lower side). On a quiet machine that lowers the fitted times by
-    about the noise's own spread; hand-written because neither numpy nor the stack has a trimmed or non-negative
-    fit (scipy's ``nnls`` is not a dependency)."""
+    Timing noise only adds time, and on a shared machine (a CI runner, a laptop) it comes in bursts that least
+    squares would read as cost per token or per call. So the fit keeps the ``FAST_SHARE`` of micro-batches lying
+    lowest against the current fit and refits, until the kept set stops changing (the concentration steps of
+    Rousseeuw & Van Driessen's FAST-LTS, on the lower side). Hand-written: numpy has no trimmed or non-negative
+    fit, and scipy is not a dependency."""
     t, x = np.asarray(profile.micro_seconds, dtype=np.float64), np.asarray(profile.micro_positions, dtype=np.float64)
     if not len(t) or len(t) != len(x):
         return np.zeros(0), np.zeros(0)
@@ -206,10 +204,13 @@ def predicted_step(profile: Profile, facts: Facts, packed: bool, micro: int, dat
         return None
     a, b, measured = micro_cost(profile)
     traced = profile.step - profile.phases["forward"] - profile.phases["backward"] + measured
-    overhead = traced - profile.untraced_step if profile.untraced_step else 0.0
-    if overhead > 0:  # the profiler's per-operator cost inflates the per-call fixed cost; the rest is real
-        a = max(0.0, a - overhead / max(1.0, now.micro_batches))
-        measured -= overhead
+    if profile.untraced_step and traced > profile.untraced_step:
+        # The traced step is slower than the untraced one by the profiler's per-operator cost and by whatever else
+        # took the cores during the traced steps only. Neither is a cost of the layout, so the fitted costs keep
+        # their shares of the traced step, in the untraced step's seconds. (Subtracting the difference from the
+        # per-call cost instead read a busy CI runner during the traced steps as "no fixed cost".)
+        scale = profile.untraced_step / traced
+        a, b, measured = a * scale, b * scale, measured * scale
     # What changes: the calls' fixed cost and the positions' cost; the rest of the measured compute stays.
     compute = max(0.0, measured + a * (then.micro_batches - now.micro_batches) + b * (then.positions - now.positions))
     rest = base_step(profile) - measured - (0.0 if data_wait else profile.phases["data_wait"]) - saved
@@ -351,11 +352,10 @@ def logits_rule(p: Profile, f: Facts) -> Advice | None:
     kept = p.activations + p.logits
     if f.loss_chunk_tokens > 0 or not kept or p.logits / kept < LOGITS_SHARE:
         return None
-    gib = 2**30
-    after = f"{f.logits_chunked_bytes / gib:.2f} GiB planned" if f.logits_chunked_bytes else "less"
+    after = f"{f.logits_chunked_bytes / GIB:.2f} GiB planned" if f.logits_chunked_bytes else "less"
     return Advice("train.loss_chunk_tokens", str(CHUNK), f"the logits are {p.logits / kept:.0%} of what a micro-batch "
-                  f"keeps for backward ({p.logits / gib:.2f} GiB measured): fp32 over the whole vocabulary at once",
-                  f"logits memory {p.logits / gib:.2f} GiB -> {after}; the same speed (BENCHMARKS.md)", None)
+                  f"keeps for backward ({p.logits / GIB:.2f} GiB measured): fp32 over the whole vocabulary at once",
+                  f"logits memory {p.logits / GIB:.2f} GiB -> {after}; the same speed (BENCHMARKS.md)", None)
 
 
 RULES = (padding_rule, micro_batch_rule, data_wait_rule, checkpointing_rule, offload_rule, communication_rule,

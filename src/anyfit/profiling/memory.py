@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-GIB = 2**30
+from anyfit.units import GIB
 
 
 def _nbytes(t: torch.Tensor) -> int:

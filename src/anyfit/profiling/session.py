@@ -1,9 +1,9 @@
 """``runtime.profile=N``: N training steps under ``torch.profiler`` after a warm-up, turned into a breakdown,
 memory by kind beside the planner's, and advice (printed, and written to ``OUTPUT/profile/``).
 
-The loop wraps its steps in ``profiled(run, say)`` and calls ``step()`` after each one; with profiling off
-that is a no-op. The schedule: ``runtime.profile_warmup`` steps untraced (the first allocates the optimizer
-state; the last of them is traced but dropped, and its memory is counted by kind, see
+The loop wraps its steps in ``profiled(ProfiledRun(...), say)`` (what the profiler reads, handed over
+explicitly) and calls ``step()`` after each one; with profiling off that is a no-op. The schedule:
+``runtime.profile_warmup`` steps untraced (the first allocates the optimizer state; the last of them is traced but dropped, and its memory is counted by kind, see
 ``anyfit.profiling.memory``), then N traced steps. At the end of the traced steps every process writes its
 own trace (``OUTPUT/profile/rank<R>...pt.trace.json``: Perfetto and TensorBoard's profiler open it), every
 process analyses its own, the summaries are gathered, and the main process prints the slowest process's.
@@ -21,14 +21,33 @@ from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trac
 
 from anyfit.hardware.memory import budget_bytes, peak_bytes
 from anyfit.model.shape import shape_from_config
-from anyfit.profiling.advice import Profile, advise, combined_factor
+from anyfit.profiling.advice import Profile, advise, combined_factor, micro_cost
 from anyfit.profiling.facts import gather_facts, micro_positions, micro_trained, window_examples, window_trained
 from anyfit.profiling.memory import MemoryCensus
 from anyfit.profiling.report import report_text
 from anyfit.profiling.trace import mean_step, spans_of, step_times, top_operators
+from anyfit.units import GIB
 
 PROFILE_DIR = "profile"
 SUMMARY = "profile.json"
+
+
+@dataclass(frozen=True)
+class ProfiledRun:
+    """What the profiler reads of a run, handed over by the training loop."""
+
+    cfg: object  # the run's Config
+    policy: object  # its RuntimePolicy
+    accelerator: object
+    model: torch.nn.Module  # as the loop steps it (wrapped, sharded)
+    optimizer: object
+    sampler: object  # the WindowSampler: which examples each step's windows hold
+    report: object  # the data report (tokens kept, cut)
+    out: Path
+    start: int  # the first step this run takes (after a resume)
+    sharded: bool  # each process holds a part of the states (the backend's)
+    flops: object = None  # ModelFlops of a window, for MFU
+    peak: object = None  # DevicePeak of one device
 
 
 class _Off:
@@ -44,8 +63,8 @@ class _Off:
         pass
 
 
-def profiled(run, say=print):
-    """The profiler of ``run`` (anyfit.training.loop.Run) when ``runtime.profile`` > 0, else a no-op."""
+def profiled(run: ProfiledRun, say=print):
+    """The profiler of ``run`` when ``runtime.profile`` > 0, else a no-op."""
     return StepProfiler(run, say) if run.cfg.runtime.profile > 0 else _Off()
 
 
@@ -58,7 +77,7 @@ class _Window:
 class StepProfiler:
     """torch.profiler over the configured steps of a run, with the memory census on the step before them."""
 
-    def __init__(self, run, say=print):
+    def __init__(self, run: ProfiledRun, say=print):
         self.run, self.say = run, say
         cfg = run.cfg.runtime
         warmup = max(1, cfg.profile_warmup)
@@ -135,13 +154,12 @@ class StepProfiler:
         """This process's profile as plain data (what is gathered, printed and written to profile.json)."""
         run = self.run
         mean = mean_step(step_times(spans_of(prof.events())))
-        sampler = run.stream.batches.sampler
+        sampler = run.sampler
         steps = range(self.window.first, self.window.first + self.window.steps)
         windows = window_examples(sampler, steps)
         model = run.accelerator.unwrap_model(run.model)
         shape = shape_from_config(model.config.get_text_config())
-        sharded = any(type(p).__name__ == "DTensor" for p in run.model.parameters())
-        facts, planned = gather_facts(run.cfg, run.policy, sampler.plan, shape, windows, self.measured, sharded)
+        facts, planned = gather_facts(run.cfg, run.policy, sampler.plan, shape, windows, self.measured, run.sharded)
         packing, micro = run.cfg.train.packing, sampler.plan.micro_batch
         p = Profile(step=mean.wall, phases=mean.phases, micro_seconds=mean.micro,
                     micro_positions=micro_positions(windows, packing, micro) if mean.micro else [],
@@ -162,11 +180,12 @@ class StepProfiler:
             "tokens_per_s": now.real_tokens * run.accelerator.num_processes / mean.wall if mean.wall else 0.0,
             "mfu": flops / seconds / run.peak.flops_per_s if seconds and run.peak else None,
             "peak": run.peak.as_dict() if run.peak else None,
-            "padding_share": now.padding, "truncated_examples": run.data.report.truncated,
-            "truncated_tokens": run.data.report.truncated_tokens, "data_tokens": run.data.report.total_tokens,
-            "kept_examples": run.data.report.kept, "max_length": run.cfg.data.max_length,
+            "padding_share": now.padding, "truncated_examples": run.report.truncated,
+            "truncated_tokens": run.report.truncated_tokens, "data_tokens": run.report.total_tokens,
+            "kept_examples": run.report.kept, "max_length": run.cfg.data.max_length,
             "memory_measured_gib": self.measured.as_dict(), "memory_planned_gib": planned.as_dict(),
-            "budget_gib": round(budget_bytes(run.policy.device, run.cfg.runtime.memory_fraction) / 2**30, 3),
+            "budget_gib": round(budget_bytes(run.policy.device, run.cfg.runtime.memory_fraction) / GIB, 3),
+            "micro_cost_s": dict(zip(("per_call", "per_position"), micro_cost(p)[:2])),  # the advice's fitted costs
             "advice": [a.__dict__ | {"setting": a.setting} for a in advice],
             "combined_factor": combined_factor(p, facts, advice),
         }

@@ -11,11 +11,11 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
+from anyfit.backends import Backend
 from anyfit.config import ConfigError
 from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, example_lengths, to_device
 from anyfit.hardware.memory import budget_bytes, is_oom, peak_bytes, release_cached, reset_peak
-from anyfit.training.deepspeed_engine import is_deepspeed
-from anyfit.training.sharding import gradient_sync, is_sharded
+from anyfit.units import GIB
 from anyfit.training.step import backward_window
 
 
@@ -49,28 +49,29 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
         found = (peak_of or measured)(micro)
         if agree is not None:
             found = agree(found)
-        gib = f"{found / 2**30:.2f} GiB" if found is not None else "out of memory"
+        gib = f"{found / GIB:.2f} GiB" if found is not None else "out of memory"
         echo(f"[anyfit] micro_batch probe: {micro} x {lengths[longest[0]]} tokens -> {gib} "
-             f"(budget {budget / 2**30:.2f} GiB)")
+             f"(budget {budget / GIB:.2f} GiB)")
         return found
 
     return choose_micro_batch(plan.per_process, peak, budget) or 1
 
 
-def auto_micro_batch(accelerator, model, examples: list[dict], plan: BatchPlan, collate_fn, loss_fn, device: str,
-                     memory_fraction: float, trainable_params: int, echo=print) -> BatchPlan:
+def auto_micro_batch(backend: Backend, accelerator, model, examples: list[dict], plan: BatchPlan, collate_fn,
+                     loss_fn, device: str, memory_fraction: float, trainable_params: int, echo=print) -> BatchPlan:
     """``train.micro_batch=auto``: measured, not guessed, on every process; all take the smallest choice.
 
     No gradient reduction during the probe, and the RNG is left as it was (resume stays exact). A sharded
     model gathers weights in every forward (a collective), so its processes probe in lockstep: each candidate
     is judged by the largest peak of all processes, and each holds 1/N of the optimizer state.
     """
-    sharded = is_sharded(model)
+    sharded = backend.sharded
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
-    with gradient_sync(accelerator, model, sync=False), torch.random.fork_rng(devices=rng_devices):
+    with backend.no_sync(accelerator, model), torch.random.fork_rng(devices=rng_devices):
         micro = probe_micro_batch(model, examples, plan, collate_fn, loss_fn, device,
                                   budget_bytes(device, memory_fraction),
-                                  optimizer_bytes=8 * trainable_params // (accelerator.num_processes if sharded else 1),
+                                  optimizer_bytes=8 * trainable_params // (accelerator.num_processes if sharded
+                                                                            else 1),
                                   echo=echo, agree=(lambda peak: _largest_of_all(accelerator, peak)) if sharded else None)
     micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
     plan = plan.with_micro_batch(micro)
@@ -101,8 +102,8 @@ def halve_micro_batch(plan: BatchPlan, processes: int, error: BaseException) -> 
     return plan.with_micro_batch(max(smaller))
 
 
-def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step: int, loss_fn, device: str,
-                        echo=print, reduce_every: bool = False) -> tuple[torch.Tensor, list[list[int]], int]:
+def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream: StepStream, step: int, loss_fn,
+                        device: str, echo=print) -> tuple[torch.Tensor, list[list[int]], int]:
     """``backward_window`` over the step's window; after an out-of-memory error the partial window is
     dropped and the step is redone whole with half the micro-batch. Returns (loss sum, example indices
     per micro-batch, window trainable tokens)."""
@@ -112,10 +113,10 @@ def backward_with_retry(accelerator, model, optimizer, stream: StepStream, step:
         with record_function("anyfit.h2d"):
             batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
-            loss_sum = backward_window(accelerator, model, batches, window_tokens, loss_fn, reduce_every)
+            loss_sum = backward_window(backend, accelerator, model, batches, window_tokens, loss_fn)
             return loss_sum, indices, window_tokens
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
-            if not is_oom(e) or is_deepspeed(model):  # ZeRO-3 reduced part of the window already: no redo
+            if not is_oom(e) or not backend.redo_after_oom:
                 raise
             del batches
             optimizer.zero_grad(set_to_none=True)

@@ -1,27 +1,28 @@
 """The training loop: ``train(cfg)`` sets a run up, then ``run_steps`` runs it, each read top to bottom.
 
-Setup asks the module that owns each part: the runtime policy (``hardware.runtime``), the data and
-held-out sets (``data.prepare``), the model and optimizer (``model.loading``, ``training.optim``), the
-micro-batch (``training.autofit``), the resume point (``training.checkpoint``) and the run folder
-(``training.outputs``).
+Setup asks the module that owns each part: the runtime policy (``hardware.runtime``), the backend that spreads
+the run over its processes (``anyfit.backends``, chosen once and never branched on), where the run starts
+(``training.checkpoints.start``), the data and held-out sets (``data.prepare``), the model and optimizer (the backend,
+``training.optim``), the micro-batch (``training.autofit``) and the run folder (``training.outputs``).
 
 Per optimizer step: take this process's micro-batches of the step's accumulation window, run forward
-and backward on each (gradients are all-reduced only on the last one), scale so the update is the mean
-over every trainable token of the whole window on all processes, clip, step unless non-finite, log,
-evaluate, then checkpoint or stop.
+and backward on each (gradients reduced as the backend does), scale so the update is the mean over every
+trainable token of the whole window on all processes, let the backend clip and step unless non-finite, log,
+evaluate, then checkpoint (``training.checkpoints.checkpoint.Checkpointer``, at its own cadence) or stop.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch.profiler import record_function
 from tqdm.auto import tqdm
 
+from anyfit.backends import Backend, choose_backend
 from anyfit.config import Config
 from anyfit.data.batching import (
     BatchPlan,
@@ -32,17 +33,16 @@ from anyfit.data.batching import (
 )
 from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
-from anyfit.model.loading import count_parameters, load_model, load_tokenizer
+from anyfit.model.loading import load_tokenizer
 from anyfit.model.shape import shape_from_config
-from anyfit.model.source import ModelSource, dequantized
+from anyfit.model.source import ModelSource
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
-from anyfit.profiling.session import profiled
-from anyfit.runfolder import METRICS, NotWritten, RunLock
-from anyfit.training import deepspeed_engine
+from anyfit.profiling.session import ProfiledRun, profiled
+from anyfit.runfolder import METRICS, RunLock
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
-from anyfit.training.checkpoint import load_checkpoint, save_checkpoint, save_final_model
+from anyfit.training.checkpoints.checkpoint import Checkpointer, load_checkpoint, save_final_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
-from anyfit.training.integrity import complete_checkpoints, resolve_resume
+from anyfit.training.checkpoints.integrity import complete_checkpoints
 from anyfit.training.interruption import StopOnSignal
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.metrics import (
@@ -54,21 +54,12 @@ from anyfit.training.metrics import (
 )
 from anyfit.training.optim import build_optimizer, build_scheduler, check_optimizer
 from anyfit.training.outputs import (
-    check_output_dir,
     describe_run,
     record_held_per_process,
     start_run_dir,
 )
 from anyfit.training.plot import plot_run
-from anyfit.training.relayout import check_resumable, saved_sharded, weights_before_sharding
-from anyfit.training.restart import earlier_attempt, job_restarts, resume_spec
-from anyfit.training.sharding import decide_sharding, shard_model
-from anyfit.training.step import (
-    clip_gradients,
-    guarded_step,
-    is_finite_step,
-    skips_on_device,
-)
+from anyfit.training.checkpoints.start import where_to_start
 from anyfit.training.validation import InTrainingEval
 
 
@@ -90,6 +81,7 @@ class Run:
 
     cfg: Config
     policy: RuntimePolicy
+    backend: Backend
     accelerator: object
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -140,14 +132,10 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
 
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
-    restarts = job_restarts(accelerator)  # torchrun/SLURM restarted the job: continue it (anyfit.training.restart)
-    resume_from = resolve_resume(resume_spec(cfg.train.resume, restarts, say), Path(cfg.train.output_dir), warn=say)
-    if resume_from is not None:
-        check_resumable(resume_from, cfg, accelerator.num_processes)  # another LoRA setting: one line
-    out = check_output_dir(cfg, resuming=resume_from is not None or  # before any heavy work
-                           earlier_attempt(Path(cfg.train.output_dir), cfg.to_yaml(), restarts))
-    sharded, offload, sharding = decide_sharding(cfg, policy.device, policy.precision, accelerator.num_processes)
-    say(f"[anyfit] runtime: {policy.describe()}\n  - {sharding}")
+    backend = choose_backend(cfg, policy, accelerator.num_processes, plan.micro_batch, plan.accumulation)
+    start = where_to_start(cfg, backend, accelerator, say)  # fresh, resumed or restarted, and whether it may
+    resume_from, out = start.resume_from, start.out
+    say(f"[anyfit] runtime: {policy.describe()}\n  - {backend.reason}")
     say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is "
         f"loaded)" if cfg.train.micro_batch == "auto" else f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
@@ -165,85 +153,40 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     sampler = WindowSampler.of(data.examples, plan, accelerator.process_index, cfg.train.seed)
     steps = total_steps(cfg, sampler, say)
 
-    model, optimizer, scheduler, (trainable, total), loaded = _model_and_optimizer(
-        cfg, policy, accelerator, sharded, offload, resume_from, plan, steps, say)
+    # the backend loads (and shards) the model, then wraps it with the optimizer it updates with
+    loaded = backend.load(cfg, policy, accelerator, resume_from, say)
+    optimizer = backend.optimizer(build_optimizer(loaded.model, cfg.train, policy.device,
+                                                  cfg.runtime.fused_optimizer), cfg, policy.device)
+    scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
+    model, optimizer = backend.wrap(loaded.model, optimizer, accelerator, say)
     model.train()
     flops = ModelFlops.of(shape_from_config(accelerator.unwrap_model(model).config.get_text_config()),
-                          trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
+                          loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
     peak = device_peak(policy.device, policy.precision)
     if cfg.train.micro_batch == "auto":
-        plan = sampler.plan = auto_micro_batch(accelerator, model, data.examples, plan, collate_fn, loss_fn,
-                                               policy.device, cfg.runtime.memory_fraction, trainable, say)
+        plan = sampler.plan = auto_micro_batch(backend, accelerator, model, data.examples, plan, collate_fn, loss_fn,
+                                               policy.device, cfg.runtime.memory_fraction, loaded.trainable, say)
 
-    run = Run(cfg, policy, accelerator, model, optimizer, scheduler, tokenizer, data,
+    run = Run(cfg, policy, backend, accelerator, model, optimizer, scheduler, tokenizer, data,
               StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
                          policy.pin_memory),
               InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps, flops=flops, peak=peak,
-              save_final=save_final, loaded=loaded)
+              save_final=save_final, loaded=loaded.read)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
-        state = load_checkpoint(accelerator, resume_from, model, optimizer, scheduler)
+        state = load_checkpoint(backend, accelerator, resume_from, model, optimizer, scheduler)
         run.start, run.skipped_before = state["step"], state.get("skipped_steps", 0)
         say(f"[anyfit] resumed from {resume_from} at step {run.start} of {steps}")
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
-                      describe_run(policy, sharding, plan, steps, data.report, trainable, total) | {"mfu": peak.as_dict()})
+                      describe_run(policy, backend.reason, plan, steps, data.report, loaded.trainable,
+                                   loaded.total) | {"mfu": peak.as_dict()})
     try:
         start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
         return run_steps(run, say)  # closes the trackers at its end
     except BaseException as error:
         finish_failed_trackers(accelerator, error)
         raise
-
-
-def _model_and_optimizer(cfg: Config, policy: RuntimePolicy, accelerator, sharded: bool, offload: bool,
-                         resume_from: Path | None, plan: BatchPlan, steps: int, say):
-    """(model, optimizer, scheduler, trainable parameters, parameter elements this process read): sharded with
-    FSDP2 (``anyfit.training.sharding``), by DeepSpeed ZeRO-3 (``anyfit.training.deepspeed_engine``), or
-    replicated by Accelerate (DDP)."""
-    zero3 = cfg.runtime.sharding == "deepspeed"
-    config = deepspeed_engine.engine_config(cfg, plan.micro_batch, plan.accumulation, accelerator.num_processes,
-                                            policy.precision, offload, policy.pin_memory) if zero3 else {}
-    # Over several processes only process 0 reads the weights: FSDP2's others build the model empty and receive
-    # their shards from it, ZeRO-3's build it partitioned (host RAM: one copy of the model, not one per process)
-    from_rank0 = sharded and not zero3 and accelerator.num_processes > 1
-    if zero3:
-        deepspeed_engine.select_accelerator(policy.device)
-        # partitioned loading reads safetensors on process 0 alone, but a GGUF file whole on every process: a GGUF
-        # model is converted once (process 0 first, the others reuse its folder) and loaded from safetensors
-        with accelerator.local_main_process_first():
-            from_folder = replace(cfg, model=dequantized(cfg.model))
-        if from_folder.model is not cfg.model:
-            say(f"[anyfit] GGUF model read from its safetensors conversion {from_folder.model.name_or_path}")
-        with deepspeed_engine.partitioned_loading(config, policy.device):
-            model = load_model(from_folder, policy, accelerator.local_process_index)
-    else:
-        model = load_model(cfg, policy, accelerator.local_process_index,
-                           empty=from_rank0 and not accelerator.is_main_process)
-    trainable, total = count_parameters(model)
-    loaded = deepspeed_engine.elements_read(model, accelerator.is_main_process) if zero3 else \
-        sum(p.numel() for p in model.parameters() if not p.is_meta)
-    say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
-        f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
-    if sharded and not zero3 and resume_from is not None and not saved_sharded(resume_from):
-        weights_before_sharding(model, resume_from)  # a replicated checkpoint: sharded with the model below
-    if sharded and not zero3:
-        model = shard_model(model, policy.compute_dtype, offload, accelerator.device, from_rank0)
-        say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
-            + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
-    optimizer = build_optimizer(model, cfg.train, policy.device, cfg.runtime.fused_optimizer)
-    if zero3:
-        optimizer = deepspeed_engine.host_optimizer(optimizer, cfg, policy.device)
-    scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
-    if zero3:
-        model = deepspeed_engine.build_engine(model, optimizer, config, policy.device)
-        optimizer = model.optimizer
-        say(f"[anyfit] model partitioned by DeepSpeed ZeRO-3 over {accelerator.num_processes} process(es) as it "
-            "was built (process 0 read the weights)" + (", parameters and optimizer states in host RAM" if offload
-                                                         else ""))
-    elif not sharded:
-        model, optimizer = accelerator.prepare(model, optimizer)
-    return model, optimizer, scheduler, (trainable, total), loaded
 
 
 def run_steps(run: Run, say=print) -> TrainResult:
@@ -256,8 +199,6 @@ def run_steps(run: Run, say=print) -> TrainResult:
     result = TrainResult(run.out, run.steps)
     log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
-    zero3 = deepspeed_engine.is_deepspeed(model)
-    on_device = not zero3 and skips_on_device(optimizer, run.policy.precision)  # no host sync to learn if finite
     meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0)
     sampler = run.stream.batches.sampler
     steps_per_epoch = sampler.steps_per_epoch
@@ -268,41 +209,26 @@ def run_steps(run: Run, say=print) -> TrainResult:
         loss, generate = run.evaluator.due(done, run.steps)
         if not (loss or generate):
             return
-        record = run.evaluator.run(acc, model, done, run.stream.plan.micro_batch, loss, generate)
+        record = run.evaluator.run(run.backend, acc, model, done, run.stream.plan.micro_batch, loss, generate)
         if record:
             log.write(record)
             result.evals.append(record)
             say(f"[anyfit] eval at step {done}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
 
-    def checkpoint(done: int, must: bool = False) -> Path | None:
-        guard.flush()  # the count of skipped steps is part of the checkpoint
-        state = {"epoch": (done - 1) // steps_per_epoch, "total_steps": run.steps,
-                 "skipped_steps": guard.skipped}
-        try:
-            return save_checkpoint(acc, run.out, done, model, optimizer, run.scheduler, run.tokenizer,
-                                   cfg.to_yaml(), state, cfg.train.keep_last, cfg.model)
-        except NotWritten as e:
-            if must:  # a stop's checkpoint: without it the steps since the last one are lost, and the run ends
-                raise
-            say(f"[anyfit] warning: {e} Training goes on; make room before the next checkpoint (step "
-                f"{done + cfg.train.save_every}) or the end, or the steps since the last one are lost.")
-            return None
-
+    checkpoints = Checkpointer(run.backend, acc, run.out, cfg, (model, optimizer, run.scheduler, run.tokenizer),
+                               guard, run.steps, steps_per_epoch, say)
     if run.start == 0:
         evaluate(0)
     done = run.start
-    with StopOnSignal() as stop, profiled(run, say) as profiler:  # runtime.profile: a no-op unless set
+    watched = ProfiledRun(cfg, run.policy, acc, model, optimizer, sampler, run.data.report, run.out, run.start,
+                          run.backend.sharded, run.flops, run.peak)
+    with StopOnSignal() as stop, profiled(watched, say) as profiler:  # runtime.profile: a no-op unless set
         for step in range(run.start, run.steps):
-            loss_sum, indices, window_tokens = backward_with_retry(acc, model, optimizer, run.stream, step,
-                                                                   run.loss_fn, run.policy.device, say,
-                                                                   cfg.runtime.fsdp_reduce_every_micro_batch)
-            with record_function("anyfit.optimizer"):
-                if zero3:  # DeepSpeed reduces, clips to train.max_grad_norm and skips a non-finite update itself
-                    grad_norm, finite = deepspeed_engine.step(model, loss_sum)
-                else:
-                    grad_norm = clip_gradients(acc, model, max_norm)
-                    finite = guarded_step(optimizer, is_finite_step(loss_sum, grad_norm, run.policy.precision),
-                                          on_device)
+            loss_sum, indices, window_tokens = backward_with_retry(run.backend, acc, model, optimizer, run.stream,
+                                                                   step, run.loss_fn, run.policy.device, say)
+            with record_function("anyfit.optimizer"):  # clip, step unless non-finite (the backend's update)
+                grad_norm, finite = run.backend.update(acc, model, optimizer, loss_sum, max_norm,
+                                                       run.policy.precision)
                 run.scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             done = step + 1
@@ -330,8 +256,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
             if (acc.num_processes == 1 or log_now) and stop.requested(acc) and done < run.steps:
                 result.interrupted = stop.signal_name or "signal"
                 break
-            if cfg.train.save_every and done % cfg.train.save_every == 0 and done < run.steps:
-                checkpoint(done)
+            checkpoints.save(done)  # when train.save_every says
             profiler.step()
     bar.close()
     guard.flush()
@@ -340,11 +265,11 @@ def run_steps(run: Run, say=print) -> TrainResult:
     if guard.skipped:
         say(f"[anyfit] {guard.skipped} update(s) were skipped for a non-finite loss or gradient.")
     if result.interrupted:
-        path = checkpoint(done, must=True)
+        path = checkpoints.save(done, last=True)
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
     elif run.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
-        stops = save_final_model(acc, model, run.tokenizer, run.out, cfg.model)
+        stops = save_final_model(run.backend, acc, model, run.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
         if stops:

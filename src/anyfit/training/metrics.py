@@ -12,7 +12,8 @@ from typing import Any
 import torch
 
 from anyfit.config import ConfigError
-from anyfit.hardware.memory import GIB, peak_bytes
+from anyfit.hardware.memory import peak_bytes
+from anyfit.units import GIB
 
 
 def requested_trackers(report_to: list[str] | str) -> list[str]:

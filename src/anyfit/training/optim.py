@@ -14,13 +14,12 @@ import math
 import torch
 
 from anyfit.config import ConfigError, TrainConfig
-
-CUDA_ONLY = ("adamw_8bit", "paged_adamw_8bit")
+from anyfit.hardware.runtime import EIGHT_BIT_OPTIMIZERS
 
 
 def check_optimizer(name: str, device: str) -> None:
     """Refuse, before any heavy work, an optimizer that cannot run on the device."""
-    if name in CUDA_ONLY and device != "cuda":
+    if name in EIGHT_BIT_OPTIMIZERS and device != "cuda":
         raise ConfigError(f"train.optimizer={name} needs CUDA (bitsandbytes' 8-bit kernels), but the device is "
                           f"{device}. Use train.optimizer=adafactor for a small optimizer state here, or adamw.")
 
@@ -35,14 +34,14 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: str, fused
     if cfg.optimizer == "adafactor":
         # torch's defaults (relative step decay -0.8, eps (None, 1e-3)); lr is the configured peak.
         return torch.optim.Adafactor(groups, lr=cfg.learning_rate)
-    if cfg.optimizer in CUDA_ONLY:
+    if cfg.optimizer in EIGHT_BIT_OPTIMIZERS:
         import bitsandbytes as bnb
 
         cls = bnb.optim.PagedAdamW8bit if cfg.optimizer == "paged_adamw_8bit" else bnb.optim.AdamW8bit
         return cls(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps)
-    # Fused AdamW: one kernel over all parameters on CUDA and MPS, and on CPU 5x faster than the default
-    # foreach implementation (0.084 s vs 0.42 s per step for 134M fp32 parameters on the 2-core dev VM,
-    # benchmarks/kernels_cpu.py). It also lets the loop skip a non-finite update without a host sync.
+    # Fused AdamW: one kernel over all parameters on CUDA and MPS, on CPU several times faster than the default
+    # foreach implementation (BENCHMARKS.md, 'The kernels behind two defaults'). It also lets the loop skip a
+    # non-finite update without a host sync.
     return torch.optim.AdamW(groups, lr=cfg.learning_rate, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,
                              fused=fused or None)
 

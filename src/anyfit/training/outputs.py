@@ -1,7 +1,8 @@
-"""The run folder at the start of a run: refused when it holds another run, cleared when overwriting, and
-the files that describe the run (``config.yaml``, ``run_info.json``) written before the first step.
+"""The run folder at the start of a run: cleared when overwriting (``training.checkpoints.start`` refused it
+when it holds another run), and the files that describe the run (``config.yaml``, ``run_info.json``) written
+before the first step.
 
-The folder's layout is ``anyfit.runfolder``'s; checkpoints inside it are ``anyfit.training.checkpoint``'s;
+The folder's layout is ``anyfit.runfolder``'s; checkpoints inside it are ``anyfit.training.checkpoints.checkpoint``'s;
 the metrics file is appended to by the loop.
 """
 
@@ -13,7 +14,7 @@ from typing import Any
 
 import torch
 
-from anyfit.config import Config, ConfigError
+from anyfit.backends import local_numel
 from anyfit.hardware.runtime import versions
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
@@ -25,19 +26,6 @@ from anyfit.runfolder import (
     write_metrics,
     write_run_info,
 )
-from anyfit.training.sharding import local_numel
-
-
-def check_output_dir(cfg: Config, resuming: bool) -> Path:
-    """Refuse to mix two runs in one folder unless asked to overwrite or resume (checked before heavy work)."""
-    out = Path(cfg.train.output_dir)
-    if out.exists() and not resuming:
-        previous = [p for p in (RUN_CONFIG, METRICS) if (out / p).exists()]
-        previous += [p.name for p in out.glob(f"{CHECKPOINT_PREFIX}*")]
-        if previous and not cfg.train.overwrite:
-            raise ConfigError(f"train.output_dir {out} already holds a run ({', '.join(sorted(previous)[:4])}). "
-                              "Choose another train.output_dir, or pass train.overwrite=true to replace it.")
-    return out
 
 
 def start_run_dir(out: Path, resumed_at: int | None, config_yaml: str, run_info: dict[str, Any]) -> None:

@@ -12,21 +12,22 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from anyfit.backends import Backend
 from anyfit.config import Config
 from anyfit.data.batching import to_device
 from anyfit.data.prepare import TrainingData
 from anyfit.evaluation.evaluate import generation_eval
-from anyfit.training.sharding import is_sharded
 
 GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_tokens", "tokens_per_second", "n")
 
 
 @torch.no_grad()
-def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, collate_fn, loss_fn) -> float:
+def validation_loss(backend: Backend, accelerator, model, examples: list[dict], micro_batch: int, collate_fn,
+                    loss_fn) -> float:
     """Mean token loss over every trainable token of ``examples``, split over the processes. A sharded model
     needs every process in every forward (weights are gathered layer by layer), so there each process runs
     all examples and no reduction is needed."""
-    sharded = is_sharded(model)
+    sharded = backend.sharded
     mine = examples if sharded else examples[accelerator.process_index::accelerator.num_processes]
     mine = sorted(mine, key=lambda e: -len(e["input_ids"]))  # similar lengths together: less padding
     totals = torch.zeros(2, device=accelerator.device)
@@ -40,8 +41,7 @@ def validation_loss(accelerator, model, examples: list[dict], micro_batch: int, 
             totals[1] += batch["keep_targets"].numel()
     finally:
         model.train(was_training)
-        if sharded:  # FSDP2 keeps the root's gathered weights after a forward (for the backward that follows)
-            model.reshard()
+        backend.after_eval(model)
     if not sharded:
         totals = accelerator.reduce(totals, reduction="sum")
     return (totals[0] / totals[1].clamp(min=1)).item()
@@ -62,12 +62,13 @@ class InTrainingEval:
         generate = bool(e.generate_every and done % e.generate_every == 0) or (e.generate_at_end and done == steps)
         return loss, generate
 
-    def run(self, accelerator, model, done: int, micro_batch: int, loss: bool, generate: bool) -> dict[str, Any] | None:
+    def run(self, backend: Backend, accelerator, model, done: int, micro_batch: int, loss: bool, generate: bool
+            ) -> dict[str, Any] | None:
         """Validation loss (all processes) and generation accuracy (main process; the others wait)."""
         record: dict[str, Any] = {"step": done}
         if loss and self.data.eval_examples:
-            record["val_loss"] = round(validation_loss(accelerator, model, self.data.eval_examples, micro_batch,
-                                                       self.collate_fn, self.loss_fn), 6)
+            record["val_loss"] = round(validation_loss(backend, accelerator, model, self.data.eval_examples,
+                                                       micro_batch, self.collate_fn, self.loss_fn), 6)
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
                 summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer, self.data.gen_examples,

@@ -18,7 +18,7 @@ import psutil
 import pytest
 from transformers import AutoTokenizer
 
-from anyfit import cache
+from anyfit import cache, durable
 from anyfit.config import load_config
 from anyfit.data.prepare import prepare_training_data
 from anyfit.data.sources import load_records
@@ -124,7 +124,7 @@ def test_a_damaged_store_is_rebuilt_not_trusted(damage, tokenizer, tmp_path, mon
     good = list(store.view())
     target = store.folder / "input_ids.bin"
     if damage == "flip-verified-before":  # its digest remembered (anyfit.cache), then a byte changed in place
-        monkeypatch.setattr(cache, "RACY_S", 0.0)
+        monkeypatch.setattr(durable, "RACY_S", 0.0)
         assert store_problem(store.folder, verify=True) is None
         assert any((cache.cache_root() / "digests").iterdir())
     if damage == "truncate":

@@ -10,13 +10,13 @@ from transformers import AutoConfig
 
 from anyfit.config import load_config
 from anyfit.data.batching import BatchPlan, choose_micro_batch, micro_batch_candidates
-from anyfit.hardware.memory import GIB
 from anyfit.model.shape import shape_from_config
 from anyfit.planning.ladder import plan_target
 from anyfit.planning.memory import estimate_memory
 from anyfit.planning.presets import custom_target
 from anyfit.planning.setup import SAFETY
 from anyfit.training.autofit import probe_micro_batch
+from anyfit.units import GIB
 
 
 def test_candidates_are_every_divisor():

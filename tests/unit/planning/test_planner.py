@@ -35,10 +35,11 @@ from anyfit.data.batching import micro_batch_candidates
 from anyfit.model.shape import kv_cache_bytes, model_shape, shape_from_config
 from anyfit.planning.ladder import plan_target, recommend_sharding
 from anyfit.planning.memory import activation_bytes, estimate_memory, optimizer_state_bytes
-from anyfit.planning.presets import GIB, PRESETS, Target, custom_target, targets_from_args
+from anyfit.planning.presets import PRESETS, Target, custom_target, targets_from_args
 from anyfit.planning.report import plan_dict, plan_report
 from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup
 from anyfit.planning.time import communication_seconds, flops_per_token, step_time
+from anyfit.units import GIB
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2)

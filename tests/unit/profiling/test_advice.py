@@ -206,3 +206,20 @@ def test_the_fixed_cost_advice_survives_contention_in_the_traced_steps():
     advice = micro_batch_rule(p, bad)
     truth = quiet / (quiet - 7 * 0.020)  # seven calls' fixed cost fewer
     assert advice is not None and advice.factor == pytest.approx(truth, rel=0.15)
+
+
+def test_the_fixed_cost_advice_survives_a_busy_machine_during_the_traced_steps_only():
+    # the untraced steps ran quiet, then every traced micro-batch took 3x as long (another job took the cores): the
+    # difference is not the profiler's per-call cost (read that way, it wiped the fixed cost and the rule fell silent)
+    positions = [12, 11, 11, 9, 8, 7, 6, 6, 15, 14, 13, 11, 9, 8, 7, 6]
+    seconds = [3 * (0.020 + 0.001 * x) for x in positions]
+    compute = sum(seconds) / 2
+    traced = {"data_wait": 0.0, "h2d": 0.0, "forward": compute / 3, "backward": 2 * compute / 3, "optimizer": 0.06,
+              "other": 0.0}
+    quiet = 8 * 0.020 + 0.001 * sum(positions) / 2 + 0.02
+    p = _profile(step=sum(traced.values()), phases=traced, micro_seconds=seconds, micro_positions=positions,
+                 untraced_step=quiet)
+    per_step = sum(positions) / 2
+    layouts = {(True, 1): Layout(8, per_step, per_step), (True, 8): Layout(1, per_step, per_step)}
+    advice = micro_batch_rule(p, _facts(micro_batch=1, accumulation=8, layouts=layouts, proposed_micro=8))
+    assert advice is not None and advice.factor == pytest.approx(quiet / (quiet - 7 * 0.020), rel=0.05)

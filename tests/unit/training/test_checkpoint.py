@@ -10,10 +10,14 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from anyfit.backends.replicated import Replicated
 from anyfit.config import ConfigError, ModelConfig
 from anyfit.model.source import BASE_RECORD, portable_base, record_base
-from anyfit.training.checkpoint import load_checkpoint, prune, rng_state, save_checkpoint, save_model
-from anyfit.training.integrity import MANIFEST, checkpoint_problem, complete_checkpoints, resolve_resume, write_manifest
+from anyfit.training.checkpoints.checkpoint import load_checkpoint, prune, rng_state, save_checkpoint, save_model
+from anyfit.training.checkpoints.integrity import MANIFEST, checkpoint_problem, complete_checkpoints, resolve_resume, write_manifest
+
+
+REPLICATED = Replicated("one process")
 
 
 class OneProcess:
@@ -181,10 +185,10 @@ def _linear_checkpoint(tmp_path):
                                           ("rng_state_0.pt", truncate), ("trainer_state.json", truncate)])
 def test_loading_a_damaged_file_is_a_config_error_naming_it(tmp_path, name, damage):
     ck, model, opt, sched = _linear_checkpoint(tmp_path)
-    assert load_checkpoint(OneProcess(), ck, model, opt, sched)["step"] == 2  # intact: loads
+    assert load_checkpoint(REPLICATED, OneProcess(), ck, model, opt, sched)["step"] == 2  # intact: loads
     damage(ck / name)
     with pytest.raises(ConfigError) as e:
-        load_checkpoint(OneProcess(), ck, model, opt, sched)
+        load_checkpoint(REPLICATED, OneProcess(), ck, model, opt, sched)
     assert str(ck / name) in str(e.value) and "\n" not in str(e.value)
 
 
@@ -203,7 +207,7 @@ def test_save_checkpoint_writes_the_manifest_last(tiny_llama_dir, tmp_path):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     cfg = ModelConfig(name_or_path=str(tiny_llama_dir))
-    ck = save_checkpoint(OneProcess(), tmp_path, 3, model, opt, sched, None, "a: 1\n", {"epoch": 0}, 2, cfg)
+    ck = save_checkpoint(REPLICATED, OneProcess(), tmp_path, 3, model, opt, sched, None, "a: 1\n", {"epoch": 0}, 2, cfg)
     assert ck == tmp_path / "checkpoint-3" and not list(tmp_path.glob(".tmp-*"))
     files = json.loads((ck / MANIFEST).read_text())["files"]
     assert set(files) == {p.name for p in ck.iterdir()} - {MANIFEST}
@@ -220,7 +224,7 @@ def test_an_adapter_from_a_relative_local_folder_loads_with_auto_peft(tiny_llama
     assert model.peft_config["default"].base_model_name_or_path == tiny_llama_dir.name
     cfg = ModelConfig(name_or_path=tiny_llama_dir.name)
     out = tmp_path / "out"
-    save_model(OneProcess(), model, None, out, cfg)
+    save_model(REPLICATED, OneProcess(), model, None, out, cfg)
     recorded = json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"]
     assert recorded == str(tiny_llama_dir.resolve()) and not (out / BASE_RECORD).exists()
 
@@ -248,7 +252,7 @@ def test_a_whole_models_generation_config_stops_at_the_end_of_turn(tiny_qwen2_di
     model = AutoModelForCausalLM.from_pretrained(tiny_qwen2_dir)
     model.config.eos_token_id = model.generation_config.eos_token_id = endoftext  # as Qwen2.5's base ships
     out = tmp_path / "out"
-    assert save_model(OneProcess(), model, tok, out) == ["<|endoftext|>", "<|im_end|>"]
+    assert save_model(REPLICATED, OneProcess(), model, tok, out) == ["<|endoftext|>", "<|im_end|>"]
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [endoftext, im_end]
 
 
@@ -275,7 +279,7 @@ def test_a_gguf_base_is_recorded_as_a_loadable_folder_and_where_it_came_from(fak
     # 20 s of the suite's time for the same path)
     model = _tiny_lora(tiny_llama_dir)
     out = tmp_path / "out"
-    save_model(OneProcess(), model, None, out, ModelConfig(name_or_path=str(fake_gguf)))
+    save_model(REPLICATED, OneProcess(), model, None, out, ModelConfig(name_or_path=str(fake_gguf)))
     folder = tmp_path / "cache" / "Tiny-Q4"
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == str(folder)
     record = json.loads((out / BASE_RECORD).read_text())

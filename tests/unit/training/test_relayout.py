@@ -10,7 +10,10 @@ import pytest
 import torch
 
 from anyfit.config import ConfigError, load_config
-from anyfit.training.relayout import check_resumable, optimizer_by_name
+from anyfit.backends.fsdp import FSDP2, optimizer_by_name
+from anyfit.backends.replicated import Replicated
+from anyfit.backends.zero3 import ZeRO3
+from anyfit.training.checkpoints import start
 
 
 def _checkpoint(tmp_path: Path, *overrides: str) -> Path:
@@ -19,6 +22,14 @@ def _checkpoint(tmp_path: Path, *overrides: str) -> Path:
     (folder / "config.yaml").write_text(load_config(None, ["model.name_or_path=m", "data.path=d.jsonl",
                                                            *overrides]).to_yaml())
     return folder
+
+
+
+def check_resumable(folder: Path, cfg, processes: int) -> None:
+    """The run's check with the backend its runtime.sharding names (built directly: no DeepSpeed needed)."""
+    backend = {"deepspeed": lambda: ZeRO3("test", False, {}), "fsdp": lambda: FSDP2("test")}.get(
+        cfg.runtime.sharding, lambda: Replicated("test"))()
+    start.check_resumable(folder, cfg, backend, processes)
 
 
 def _cfg(*overrides: str):

@@ -3,7 +3,7 @@ checkpoint may be started over only when it holds this very config."""
 
 from __future__ import annotations
 
-from anyfit.training.restart import earlier_attempt, local_restarts, resume_spec
+from anyfit.training.checkpoints.start import earlier_attempt, local_restarts, resume_spec
 
 
 def test_the_restart_count_of_torchrun_or_slurm():

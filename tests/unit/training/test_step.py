@@ -9,7 +9,7 @@ from accelerate import Accelerator
 from accelerate.optimizer import AcceleratedOptimizer
 
 from anyfit.training.divergence import NonFiniteGuard
-from anyfit.training.step import guarded_step, is_finite_step, skips_on_device
+from anyfit.backends.base import guarded_step, is_finite_step, skips_on_device
 
 
 @pytest.mark.parametrize("fused", [True, False])

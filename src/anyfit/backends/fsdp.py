@@ -18,25 +18,81 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
-from anyfit.config import Config, ConfigError
+from anyfit.backends.base import Backend, Loaded
+from anyfit.backends.reading import load_weights, torch_load
+from anyfit.config import ConfigError
 from anyfit.hardware.memory import keep_host_heap_small, release_cached
-from anyfit.hardware.runtime import sharding_refusal
-from anyfit.model.loading import shared_parameter_names
-from anyfit.model.shape import model_shape
-from anyfit.planning.ladder import recommend_sharding
-from anyfit.planning.presets import this_machine
+from anyfit.model.loading import load_model, shared_parameter_names
 from anyfit.runfolder import SHARDED_DIR
-from anyfit.training.deepspeed_engine import deepspeed_missing, deepspeed_refusal
 
 
-def is_sharded(model: nn.Module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
+class FSDP2(Backend):
+    """Sharded by FSDP2: a replicated checkpoint's weights go into the model before it is sharded, its
+    optimizer state after (re-keyed by name); a sharded one loads as written, re-cut by DCP for any process
+    count."""
 
-    return isinstance(model, FSDPModule)
+    name = "fsdp"
+    layout = "sharded (FSDP2)"
+    folder = SHARDED_DIR
+    sharded = True
+
+    def load(self, cfg, policy, accelerator, resume_from: Path | None, say) -> Loaded:
+        # Over several processes only process 0 reads the weights: the others build the model empty and
+        # receive their shards from it (host RAM: one copy of the model, not one per process)
+        from_rank0 = accelerator.num_processes > 1
+        loaded = Loaded.of(load_model(cfg, policy, accelerator.local_process_index,
+                                      empty=from_rank0 and not accelerator.is_main_process), cfg, say)
+        if resume_from is not None and not self.wrote(resume_from) and loaded.read:
+            load_weights(loaded.model, resume_from)  # a replicated checkpoint: sharded with the model below
+        loaded.model = shard_model(loaded.model, policy.compute_dtype, self.offload, accelerator.device, from_rank0)
+        say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
+            + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
+        return loaded
+
+    def sync(self, accelerator, model, last: bool):
+        """``set_requires_gradient_sync``: gradients stay unsharded and local until the window's last
+        micro-batch, which reduce-scatters once per window (or after every micro-batch: ``reduce_every``)."""
+        return _gradient_sync(model, last or self.reduce_every)
+
+    def no_sync(self, accelerator, model):
+        return _gradient_sync(model, False)
+
+    def after_eval(self, model) -> None:
+        model.reshard()  # FSDP2 keeps the root's gathered weights after a forward (for the backward that follows)
+
+    def full_state_dict(self, accelerator, model) -> dict[str, torch.Tensor]:
+        return full_state_dict(model)
+
+    def save_states(self, accelerator, model, optimizer, folder: Path, save_weights) -> None:
+        save_sharded(model, optimizer, folder)  # every process writes its own shards of weights and states
+
+    def load_states(self, accelerator, model, optimizer, folder: Path) -> None:
+        if self.wrote(folder):
+            load_sharded(model, optimizer, folder)
+        else:  # replicated: the weights went in before sharding (``load``), the optimizer state follows
+            load_replicated_optimizer(model, optimizer, folder)
+
+    @classmethod
+    def read_whole(cls, folder: Path, model) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        # with no process group, one process plans and reads every process's slices into these very tensors
+        dcp.load({"model": model.state_dict()}, checkpoint_id=str(folder / SHARDED_DIR))
+
+
+@contextlib.contextmanager
+def _gradient_sync(model: nn.Module, sync: bool):
+    """Reduce gradients across processes in this backward or not (FSDP2's switch, restored after)."""
+    model.set_requires_gradient_sync(sync)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
@@ -49,47 +105,6 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     if not best:
         raise ConfigError(f"runtime.sharding=fsdp: no stack of decoder layers found in {type(model).__name__}.")
     return best
-
-
-def decide_sharding(cfg: Config, device: str, precision: str, processes: int) -> tuple[bool, bool, str]:
-    """(shard, offload to host RAM, the reason printed with it)."""
-    mode = cfg.runtime.sharding
-    if cfg.runtime.deepspeed_offload and mode != "deepspeed":
-        raise ConfigError("runtime.deepspeed_offload=true needs runtime.sharding=deepspeed (FSDP2's offload is "
-                          "runtime.fsdp_offload).")
-    if mode == "deepspeed":
-        refusal = deepspeed_refusal(cfg, device, cfg.train.micro_batch == "auto") or \
-            sharding_refusal(cfg, device, precision) or deepspeed_missing()
-        if refusal:
-            raise ConfigError(refusal)
-        offload = cfg.runtime.deepspeed_offload
-        return True, offload, ("sharding deepspeed: ZeRO-3 partitions weights, gradients and optimizer states over "
-                               f"{processes} process(es)" + (", offloaded to host RAM" if offload else "")
-                               + " (asked for in the config)")
-    if mode == "none":
-        for key in ("fsdp_offload", "fsdp_reduce_every_micro_batch"):
-            if getattr(cfg.runtime, key):
-                raise ConfigError(f"runtime.{key}=true needs sharding: set runtime.sharding=fsdp (or auto).")
-        return False, False, "sharding none: asked for in the config"
-    if mode == "auto" and not cfg.runtime.fsdp_offload:
-        if processes == 1:
-            return False, False, "sharding none: one process, nothing to shard over (auto)"
-        use, why = recommend_sharding(cfg, model_shape(cfg.model), this_machine(), processes)
-        if not use:
-            return False, False, f"sharding none (auto): {why}"
-        reason = f"sharding fsdp (auto): {why}"
-    else:
-        reason = "sharding fsdp" + (" with CPU offload" if cfg.runtime.fsdp_offload else "") + \
-            (": asked for in the config" if mode == "fsdp" else " (auto): runtime.fsdp_offload=true")
-    refusal = sharding_refusal(cfg, device, precision)
-    if refusal:
-        raise ConfigError(refusal)
-    offload = cfg.runtime.fsdp_offload and device != "cpu"
-    if cfg.runtime.fsdp_offload and not offload:
-        reason += " (offload has nothing to move on cpu: the weights are in host RAM already)"
-    if cfg.runtime.fsdp_reduce_every_micro_batch:
-        reason += "; gradients reduce-scattered after every micro-batch (runtime.fsdp_reduce_every_micro_batch)"
-    return True, offload, reason
 
 
 def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, device: torch.device,
@@ -167,35 +182,6 @@ def _tie(model: nn.Module, shared: list[list[str]]) -> None:
             setattr(model.get_submodule(owner), leaf, param)
 
 
-@contextlib.contextmanager
-def gradient_sync(accelerator, model: nn.Module, sync: bool):
-    """Reduce gradients across processes in this backward or not. DDP: Accelerate's ``no_sync``; FSDP2:
-    ``set_requires_gradient_sync`` (gradients stay unsharded and local until the last micro-step, which
-    reduce-scatters once per window instead of once per micro-batch)."""
-    if is_sharded(model):
-        model.set_requires_gradient_sync(sync)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-    elif sync:
-        yield
-    else:
-        with accelerator.no_sync(model):
-            yield
-
-
-def local_numel(tensors) -> int:
-    """Elements this process holds (a DTensor counts its local shard only, a DeepSpeed ZeRO-3 parameter its
-    partition)."""
-    from torch.distributed.tensor import DTensor
-
-    def held(t):
-        return t.ds_tensor if hasattr(t, "ds_tensor") else t.to_local() if isinstance(t, DTensor) else t
-
-    return sum(held(t).numel() for t in tensors)
-
-
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every weight, gathered whole on the CPU of the main process (collective: all processes call it;
     the others get an empty dict)."""
@@ -228,3 +214,33 @@ def load_sharded(model: nn.Module, optimizer, directory: Path) -> None:
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def load_replicated_optimizer(model, optimizer, directory: Path) -> None:
+    """``optimizer.pt`` of a replicated run into a sharded one (collective): re-keyed by parameter name, then
+    cut to this process's slices by ``set_optimizer_state_dict``. Memory-mapped, so the processes of one
+    machine share the file's pages instead of each holding a copy."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    saved = torch_load(directory / "optimizer.pt", map_location="cpu", mmap=True)
+    set_optimizer_state_dict(model, optimizer, optimizer_by_name(model, optimizer, saved, directory),
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def optimizer_by_name(model, optimizer, saved: dict[str, Any], directory: Path) -> dict[str, Any]:
+    """A torch optimizer state dict keyed by parameter position turned into one keyed by parameter name (the one
+    hand-written step: PyTorch reads only name-keyed full state dicts across layouts). Positions follow the
+    parameter groups' order, which ``build_optimizer`` makes the same for every layout (FSDP2 keeps each
+    parameter's name and place)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    groups = optimizer.param_groups
+    shape = [len(g["params"]) for g in groups]
+    saved_shape = [len(g["params"]) for g in saved["param_groups"]]
+    if shape != saved_shape:
+        raise ConfigError(f"checkpoint {directory}: its optimizer.pt holds parameter groups of {saved_shape} "
+                          f"parameters, this run's optimizer {shape}; it was written for another model or "
+                          "LoRA setting. Resume with the run's own config.yaml, or start again.")
+    name_of = {i: names[id(p)] for saved_group, group in zip(saved["param_groups"], groups)
+               for i, p in zip(saved_group["params"], group["params"])}
+    return {"state": {name_of[i]: state for i, state in saved["state"].items()},
+            "param_groups": [{**g, "params": [name_of[i] for i in g["params"]]} for g in saved["param_groups"]]}

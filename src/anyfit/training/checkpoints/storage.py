@@ -16,10 +16,10 @@ import torch
 from safetensors import SafetensorError
 
 from anyfit.runfolder import NotWritten
-from anyfit.training.integrity import complete_checkpoints
+from anyfit.training.checkpoints.integrity import complete_checkpoints
+from anyfit.units import GIB
 
 HEADROOM = 1.05  # safetensors/pickle headers, the RNG and scheduler states, the manifest
-GIB = 2**30
 
 
 def bytes_to_write(model, optimizer) -> int:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
+from anyfit.backends import choose_backend
 from anyfit.config import ConfigError, load_config
-from anyfit.training.sharding import decide_sharding
+
+
+
+def decide_sharding(cfg, device: str, precision: str, processes: int) -> tuple[bool, bool, str]:
+    """(shard, offload, the reason printed) of the backend the run chooses."""
+    backend = choose_backend(cfg, SimpleNamespace(device=device, precision=precision, pin_memory=False), processes)
+    return backend.sharded, backend.offload, backend.reason
 
 
 def _cfg(*items: str):

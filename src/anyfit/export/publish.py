@@ -1,15 +1,20 @@
-"""The exported folder's model card (README.md): front matter for the Hub, then what the model is, its GGUF
-files, what it was trained on and how, its results, how to use it and how it was made."""
+"""What goes out with the exported model: its model card (README.md: front matter for the Hub, then what the
+model is, its GGUF files, what it was trained on and how, its results, how to use it and how it was made;
+``model_card``), and the upload of the folder to the Hugging Face Hub (``push_folder``; the repository id and
+the token are checked with the request, ``request.check_push``)."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+from huggingface_hub import HfApi
+from huggingface_hub.errors import HfHubHTTPError
+
 import anyfit
-from anyfit.export.request import ExportRequest
-from anyfit.export.result import ExportResult
-from anyfit.export.run_files import RunFiles
+from anyfit.export import ExportError
+from anyfit.export.request import ExportRequest, ExportResult, RunFiles
 from anyfit.hardware.runtime import versions
 from anyfit.hub import is_hub_dataset_id, is_hub_id
 from anyfit.model.source import describe_base
@@ -158,3 +163,25 @@ def _usage_section(name: str, cfg) -> list[str]:
             f'model = AutoModelForCausalLM.from_pretrained("{name}")', f'tok = AutoTokenizer.from_pretrained("{name}")',
             f"inputs = {prompt}", "out = model.generate(**inputs, max_new_tokens=128)",
             'print(tok.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))', "```", ""]
+
+
+# ------------------------------------------------------------------------------------------------ the upload
+
+
+def push_folder(folder: Path, repo: str, private: bool = False, api=None, echo=print) -> str:
+    """Create ``repo`` (if it does not exist; ``private`` as asked) and upload ``folder`` in one commit.
+    Returns the repository's URL."""
+    api = api or HfApi()
+    try:
+        url = api.create_repo(repo, private=private, exist_ok=True, repo_type="model")
+        api.upload_folder(folder_path=str(folder), repo_id=repo, repo_type="model",
+                          commit_message=f"anyfit export of {folder.name}")
+    except HfHubHTTPError as e:
+        raise ExportError(f"pushing {folder} to {repo} failed: {str(e).splitlines()[0]} (the export itself is in "
+                          f"{folder}; is the token allowed to write to {repo}?)") from None
+    except Exception as e:  # no network, refused connection, README metadata the Hub rejects: one line
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ExportError(f"pushing {folder} to {repo} failed: {type(e).__name__}: {first} (the export itself is in "
+                          f"{folder}).") from None
+    echo(f"[anyfit] export: pushed {folder} to {url}")
+    return str(url)

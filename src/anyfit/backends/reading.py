@@ -1,7 +1,6 @@
 """Reading a checkpoint's files: each damaged file is one line naming it, never the reader's traceback.
 
-Shared by the same-layout restore (``anyfit.training.checkpoint``) and the cross-layout one
-(``anyfit.training.relayout``)."""
+Shared by the backends' restores (``anyfit.backends``) and the training checkpoint's own files."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from anyfit.config import load_config
-from anyfit.training.deepspeed_engine import deepspeed_missing, deepspeed_refusal, engine_config
+from anyfit.backends.zero3 import deepspeed_missing, deepspeed_refusal, engine_config
 
 
 def _cfg(*items: str):

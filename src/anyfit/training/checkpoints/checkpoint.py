@@ -1,10 +1,10 @@
 """Checkpoints and the final model: writing them, and restoring a run from one.
 
-A checkpoint is ``checkpoint-<step>/`` holding the model (safetensors; only the adapter for LoRA) and the
-optimizer state (for a sharded run instead: every process's shards of both, written with
-``torch.distributed.checkpoint`` under ``sharded/``), the scheduler state, each process's RNG state,
-``trainer_state.json``, the resolved ``config.yaml`` and, written last, ``manifest.json``
-(``anyfit.training.integrity``). The folder is written under a temporary name and renamed when complete, so a
+A checkpoint is ``checkpoint-<step>/`` holding the model and optimizer states as the run's backend writes them
+(``anyfit.backends``: safetensors and ``optimizer.pt`` replicated, only the adapter for LoRA; every process's
+shards under ``sharded/`` with FSDP2; the engine's files under ``deepspeed/`` with ZeRO-3), the scheduler
+state, each process's RNG state, ``trainer_state.json``, the resolved ``config.yaml`` and, written last,
+``manifest.json`` (``anyfit.training.checkpoints.integrity``). The folder is written under a temporary name and renamed when complete, so a
 crash mid-write never leaves a folder that looks like a finished checkpoint.
 """
 
@@ -19,27 +19,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from anyfit.model.source import record_base
+from anyfit.backends import Backend
+from anyfit.backends.reading import damaged, torch_load
 from anyfit.data.stopping import write_generation_config
+from anyfit.durable import follow_umask
+from anyfit.model.source import record_base
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
     RUN_CONFIG,
     TMP_CHECKPOINT_PREFIX,
+    NotWritten,
     checkpoint_dirs,
     checkpoint_step,
-    follow_umask,
 )
-from anyfit.training import deepspeed_engine
-from anyfit.training.checkpoint_read import damaged, load_weights, torch_load
-from anyfit.training.deepspeed_engine import is_deepspeed
-from anyfit.training.integrity import STATE, checkpoint_problem, write_manifest
-from anyfit.training.relayout import (
-    load_replicated_optimizer_into_sharded,
-    load_sharded_into_replicated,
-    saved_sharded,
-)
-from anyfit.training.sharding import full_state_dict, is_sharded, load_sharded, save_sharded
-from anyfit.training.storage import (
+from anyfit.training.checkpoints.integrity import STATE, checkpoint_problem, write_manifest
+from anyfit.training.checkpoints.storage import (
     agreed,
     bytes_to_write,
     is_write_error,
@@ -57,7 +51,7 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
+def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
     """The trainable weights as safetensors (LoRA: the adapter only), plus the tokenizer. Main process writes;
     every process must call this because gathering a sharded (FSDP/DeepSpeed) state dict is collective.
 
@@ -66,10 +60,7 @@ def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -
     generation_config.json stops at the chat template's end of turn; returns those stop tokens (main process,
     whole model with its tokenizer; else [])."""
     stops: list[str] = []
-    if is_deepspeed(model):
-        state_dict = deepspeed_engine.full_state_dict(model, accelerator.is_main_process)
-    else:
-        state_dict = full_state_dict(model) if is_sharded(model) else accelerator.get_state_dict(model)
+    state_dict = backend.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
         unwrapped = accelerator.unwrap_model(model)
         unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
@@ -84,7 +75,41 @@ def save_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -
     return stops
 
 
-def save_checkpoint(accelerator, output_dir: Path, step: int, model, optimizer, scheduler, tokenizer,
+class Checkpointer:
+    """The run's checkpoints: written when ``train.save_every`` says (never at the last step: the final model is
+    written then), and at a stop. A failed write mid-run is a warning and training goes on; at a stop, where the
+    steps since the last checkpoint would be lost, it ends the run."""
+
+    def __init__(self, backend: Backend, accelerator, out: Path, cfg, objects: tuple, guard, total_steps: int,
+                 steps_per_epoch: int, say=print):
+        self.backend, self.accelerator, self.out, self.cfg, self.say = backend, accelerator, out, cfg, say
+        self.model, self.optimizer, self.scheduler, self.tokenizer = objects
+        self.guard, self.total_steps, self.steps_per_epoch = guard, total_steps, steps_per_epoch
+
+    def due(self, step: int) -> bool:
+        every = self.cfg.train.save_every
+        return bool(every) and step % every == 0 and step < self.total_steps
+
+    def save(self, step: int, last: bool = False) -> Path | None:
+        """``checkpoint-<step>`` when due (or ``last``: a stop's); its path, or None when none was written."""
+        if not (last or self.due(step)):
+            return None
+        self.guard.flush()  # the count of skipped steps is part of the checkpoint
+        state = {"epoch": (step - 1) // self.steps_per_epoch, "total_steps": self.total_steps,
+                 "skipped_steps": self.guard.skipped}
+        try:
+            return save_checkpoint(self.backend, self.accelerator, self.out, step, self.model, self.optimizer,
+                                   self.scheduler, self.tokenizer, self.cfg.to_yaml(), state,
+                                   self.cfg.train.keep_last, self.cfg.model)
+        except NotWritten as e:
+            if last:
+                raise
+            self.say(f"[anyfit] warning: {e} Training goes on; make room before the next checkpoint (step "
+                     f"{step + self.cfg.train.save_every}) or the end, or the steps since the last one are lost.")
+            return None
+
+
+def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, model, optimizer, scheduler, tokenizer,
                     config_yaml: str, trainer_state: dict[str, Any], keep_last: int, model_cfg=None) -> Path:
     """Write ``checkpoint-<step>`` (collective). Raises ``NotWritten`` on every process alike when the disk has no
     room for it or a write fails: the temporary folder is removed, earlier checkpoints are untouched."""
@@ -99,7 +124,8 @@ def save_checkpoint(accelerator, output_dir: Path, step: int, model, optimizer, 
     problem = agreed(accelerator, problem)
     if problem is None:
         problem = agreed(accelerator, _attempt(lambda: _write_checkpoint(
-            accelerator, tmp, model, optimizer, scheduler, tokenizer, config_yaml, model_cfg), output_dir, need))
+            backend, accelerator, tmp, model, optimizer, scheduler, tokenizer, config_yaml, model_cfg),
+            output_dir, need))
     if problem is None and accelerator.is_main_process:
         problem = _attempt(lambda: _finish_checkpoint(tmp, final, {**trainer_state, "step": step}), output_dir, need)
     problem = agreed(accelerator, problem)
@@ -124,20 +150,13 @@ def _attempt(write, folder: Path, need: int) -> str | None:
     return None
 
 
-def _write_checkpoint(accelerator, tmp: Path, model, optimizer, scheduler, tokenizer, config_yaml: str,
-                      model_cfg) -> None:
+def _write_checkpoint(backend: Backend, accelerator, tmp: Path, model, optimizer, scheduler, tokenizer,
+                      config_yaml: str, model_cfg) -> None:
     """Every file of a checkpoint but its state and manifest, into ``tmp`` (collective)."""
-    sharded = is_sharded(model) or is_deepspeed(model)
-    if is_deepspeed(model):  # the engine's own files: every process its partitions and optimizer states
-        deepspeed_engine.save_engine(model, tmp)
-    elif sharded:  # every process writes its own shards of the weights and the optimizer states
-        save_sharded(model, optimizer, tmp)
-    else:
-        save_model(accelerator, model, tokenizer, tmp, model_cfg)
+    backend.save_states(accelerator, model, optimizer, tmp,
+                        save_weights=lambda: save_model(backend, accelerator, model, tokenizer, tmp, model_cfg))
     torch.save(rng_state(), tmp / f"rng_state_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        if not sharded:
-            torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
         scaler = getattr(accelerator, "scaler", None)
         if scaler is not None:
@@ -154,13 +173,14 @@ def _finish_checkpoint(tmp: Path, final: Path, state: dict[str, Any]) -> None:
     tmp.rename(final)
 
 
-def save_final_model(accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
+def save_final_model(backend: Backend, accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
     """The final model into the run folder (collective); ``NotWritten`` when it cannot be, with its partly
     written files removed (the checkpoints stay). Returns the tokens its generation config stops at
     (``save_model``)."""
     before = set(directory.iterdir()) if accelerator.is_main_process else set()
     stops: list[str] = []
-    problem = _attempt(lambda: stops.extend(save_model(accelerator, model, tokenizer, directory, model_cfg)),
+    problem = _attempt(lambda: stops.extend(save_model(backend, accelerator, model, tokenizer, directory,
+                                                                    model_cfg)),
                        directory, bytes_to_write(model, optimizer=None))
     problem = agreed(accelerator, problem)
     if problem is not None:
@@ -183,24 +203,12 @@ def prune(output_dir: Path, keep_last: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(accelerator, directory: Path, model, optimizer, scheduler) -> dict[str, Any]:
+def load_checkpoint(backend: Backend, accelerator, directory: Path, model, optimizer, scheduler) -> dict[str, Any]:
     """Restore everything a checkpoint holds into the prepared objects; returns its trainer state.
     A file that cannot be read is a ConfigError naming it (resolve_resume has normally caught it already).
-
-    Any layout (``anyfit.training.relayout``): a replicated checkpoint resumed sharded has had its weights read
-    before sharding (``weights_before_sharding``); here its optimizer state follows."""
-    if is_deepspeed(model):  # written by as many processes (check_resumable refused any other checkpoint)
-        deepspeed_engine.load_engine(model, directory)
-    elif saved_sharded(directory):  # shards written by any number of processes, re-cut for this run
-        if is_sharded(model):
-            load_sharded(model, optimizer, directory)
-        else:
-            load_sharded_into_replicated(accelerator.unwrap_model(model), optimizer, directory)
-    elif is_sharded(model):
-        load_replicated_optimizer_into_sharded(model, optimizer, directory)
-    else:
-        load_weights(accelerator.unwrap_model(model), directory)
-        optimizer.load_state_dict(torch_load(directory / "optimizer.pt", map_location="cpu"))
+    The model and optimizer states are the backend's to read, from whichever layout wrote them
+    (``anyfit.backends``)."""
+    backend.load_states(accelerator, model, optimizer, directory)
     scheduler.load_state_dict(torch_load(directory / "scheduler.pt"))
     scaler = getattr(accelerator, "scaler", None)
     if scaler is not None and (directory / "scaler.pt").is_file():

@@ -27,22 +27,117 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
-import sys
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from anyfit.backends.base import Backend, Loaded
 from anyfit.config import Config, ConfigError
+from anyfit.model.loading import load_model, shared_parameter_names
+from anyfit.model.source import dequantized
 from anyfit.runfolder import DEEPSPEED_DIR
 
 _TAG = "state"  # the one tag under DEEPSPEED_DIR (anyfit's checkpoint folder already names the step)
 
 
-def is_deepspeed(model) -> bool:
-    """Whether ``model`` is a DeepSpeed engine (without importing DeepSpeed when no run has)."""
-    ds = sys.modules.get("deepspeed")
-    return ds is not None and isinstance(model, ds.DeepSpeedEngine)
+class ZeRO3(Backend):
+    """DeepSpeed's engine holds the partitions and the update; its checkpoints continue under ZeRO-3 on as many
+    processes as wrote them."""
+
+    name = "deepspeed"
+    layout = "written by DeepSpeed ZeRO-3"
+    folder = DEEPSPEED_DIR
+    sharded = True
+    redo_after_oom = False  # ZeRO-3 reduce-scatters in every backward: part of the window is reduced already
+
+    def __init__(self, reason: str, offload: bool, config: dict):
+        super().__init__(reason, offload=offload, reduce_every=True)
+        self.config = config  # what anyfit's settings amount to (``engine_config``)
+
+    def load(self, cfg, policy, accelerator, resume_from: Path | None, say) -> Loaded:
+        select_accelerator(policy.device)
+        # partitioned loading reads safetensors on process 0 alone, but a GGUF file whole on every process: a GGUF
+        # model is converted once (process 0 first, the others reuse its folder) and loaded from safetensors
+        with accelerator.local_main_process_first():
+            from_folder = replace(cfg, model=dequantized(cfg.model))
+        if from_folder.model is not cfg.model:
+            say(f"[anyfit] GGUF model read from its safetensors conversion {from_folder.model.name_or_path}")
+        with partitioned_loading(self.config, policy.device):
+            model = load_model(from_folder, policy, accelerator.local_process_index)
+        return Loaded.of(model, cfg, say, read=elements_read(model, accelerator.is_main_process))
+
+    def optimizer(self, optimizer, cfg, device: str):
+        return host_optimizer(optimizer, cfg, device)
+
+    def wrap(self, model, optimizer, accelerator, say):
+        engine = build_engine(model, optimizer, self.config, accelerator.device.type)
+        say(f"[anyfit] model partitioned by DeepSpeed ZeRO-3 over {accelerator.num_processes} process(es) as it "
+            "was built (process 0 read the weights)" + (", parameters and optimizer states in host RAM"
+                                                         if self.offload else ""))
+        return engine, engine.optimizer
+
+    def backward(self, accelerator, model, loss) -> None:
+        model.backward(loss, scale_wrt_gas=False)  # scaled by anyfit already: no division by the accumulation
+
+    def update(self, accelerator, model, optimizer, loss_sum, max_norm: float, precision: str):
+        """Reduce, clip to ``train.max_grad_norm`` and skip a non-finite update: DeepSpeed does each itself.
+        Returns tensors the loop reads on logged steps only (DeepSpeed itself has read the norm to decide)."""
+        model.step()
+        norm = model.get_global_grad_norm()
+        norm = norm.detach() if isinstance(norm, torch.Tensor) else torch.tensor(float("nan") if norm is None
+                                                                                  else norm)
+        return norm, torch.isfinite(loss_sum) & bool(model.was_step_applied())
+
+    def full_state_dict(self, accelerator, model) -> dict[str, torch.Tensor]:
+        return full_state_dict(model, accelerator.is_main_process)
+
+    def save_states(self, accelerator, model, optimizer, folder: Path, save_weights) -> None:
+        # the engine's partitions and optimizer states, each process its own files
+        model.save_checkpoint(str(folder / DEEPSPEED_DIR), tag=_TAG, save_latest=False)
+
+    def load_states(self, accelerator, model, optimizer, folder: Path) -> None:
+        path, _ = model.load_checkpoint(str(folder / DEEPSPEED_DIR), tag=_TAG, load_optimizer_states=True,
+                                        load_lr_scheduler_states=False, load_module_strict=True)
+        if path is None:
+            raise ConfigError(f"train.resume: DeepSpeed could not read {folder / DEEPSPEED_DIR}; resume from "
+                              "another checkpoint or start a new run in another train.output_dir.")
+
+    def check_checkpoint(self, folder: Path, processes: int, writer: type[Backend]) -> str:
+        if writer is not ZeRO3:
+            return (f"is {writer.layout}; DeepSpeed ZeRO-3 continues only its own checkpoints. Continue it with "
+                    "runtime.sharding=fsdp or none (any process count), or start a new run in another "
+                    "train.output_dir.")
+        wrote = saved_processes(folder)
+        if wrote != processes:
+            return (f"was written by {wrote} DeepSpeed ZeRO-3 process(es); ZeRO-3 continues it on exactly as many, "
+                    f"and this run has {processes}. Launch {wrote}.")
+        return ""
+
+    @classmethod
+    def refuse_other(cls, folder: Path, reader: Backend) -> str:
+        return (f"was written by DeepSpeed ZeRO-3, which alone reads its optimizer states: set "
+                f"runtime.sharding=deepspeed and launch {saved_processes(folder)} process(es) to continue it, or "
+                "'anyfit export' it for its weights.")
+
+    @classmethod
+    def read_whole(cls, folder: Path, model) -> None:
+        """DeepSpeed's zero_to_fp32 (the fp32 master weights, every process's partitions joined), on the CPU."""
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # reading files needs no accelerator: DeepSpeed's CPU one
+        try:
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+        except ImportError:
+            raise ConfigError(f"{folder / DEEPSPEED_DIR} was written by DeepSpeed ZeRO-3: reading it needs DeepSpeed "
+                              "(pip install 'anyfit[deepspeed]').") from None
+
+        state = get_fp32_state_dict_from_zero_checkpoint(str(folder / DEEPSPEED_DIR), tag=_TAG)
+        missing_keys, unexpected = model.load_state_dict(state, strict=False)
+        tied = {name for group in shared_parameter_names(model) for name in group[1:]}  # saved under the first name
+        if [k for k in missing_keys if k not in tied] or unexpected:
+            raise ConfigError(f"{folder / DEEPSPEED_DIR} does not hold this model's weights (missing "
+                              f"{list(missing_keys)[:3]}, unexpected {list(unexpected)[:3]}); export a checkpoint "
+                              "of this run.")
 
 
 def deepspeed_refusal(cfg: Config, device: str, micro_batch_auto: bool) -> str:
@@ -166,21 +261,6 @@ def build_engine(model: torch.nn.Module, optimizer: torch.optim.Optimizer, confi
     return engine
 
 
-def backward(engine, loss: torch.Tensor) -> None:
-    """One micro-batch's backward; ``loss`` is already scaled by anyfit (no division by the accumulation)."""
-    engine.backward(loss, scale_wrt_gas=False)
-
-
-def step(engine, loss_sum: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """End the window: reduce, clip to ``train.max_grad_norm``, update unless the gradient norm is not finite.
-    Returns (the gradient norm before clipping, whether the update was applied and the loss finite), both as
-    tensors the loop reads on logged steps only (DeepSpeed itself has read the norm to decide)."""
-    engine.step()
-    norm = engine.get_global_grad_norm()
-    norm = norm.detach() if isinstance(norm, torch.Tensor) else torch.tensor(float("nan") if norm is None else norm)
-    return norm, torch.isfinite(loss_sum) & bool(engine.was_step_applied())
-
-
 def full_state_dict(engine, main: bool) -> dict[str, torch.Tensor]:
     """Every weight, whole, on the CPU of the main process (collective): trained weights from the fp32 master
     copy (under bf16 the module's own copy is bf16), frozen ones (a LoRA base) gathered as they are."""
@@ -203,24 +283,6 @@ def full_state_dict(engine, main: bool) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_engine(engine, directory: Path) -> None:
-    """The engine's partitions and optimizer states, each process its own files (collective)."""
-    engine.save_checkpoint(str(directory / DEEPSPEED_DIR), tag=_TAG, save_latest=False)
-
-
-def saved_deepspeed(directory: Path) -> bool:
-    return (directory / DEEPSPEED_DIR).is_dir()
-
-
 def saved_processes(directory: Path) -> int:
     """How many processes wrote a DeepSpeed checkpoint (one model-state file each)."""
     return len(list((directory / DEEPSPEED_DIR / _TAG).glob("*_model_states.pt")))
-
-
-def load_engine(engine, directory: Path) -> None:
-    """Restore partitions and optimizer states written by the same number of processes (collective)."""
-    path, _ = engine.load_checkpoint(str(directory / DEEPSPEED_DIR), tag=_TAG, load_optimizer_states=True,
-                                     load_lr_scheduler_states=False, load_module_strict=True)
-    if path is None:
-        raise ConfigError(f"train.resume: DeepSpeed could not read {directory / DEEPSPEED_DIR}; resume from "
-                          "another checkpoint or start a new run in another train.output_dir.")

@@ -1,0 +1,192 @@
+"""The one interface every way of spreading a run over processes implements, and the update they share.
+
+A backend is chosen once per run (``anyfit.backends.choose``) and then asked, never branched on: the loop,
+checkpointing, the micro-batch probe, validation, export and the profiler call these methods. Adding a way of
+spreading a run (sequence parallelism next) is one subclass in its own module and one line in ``choose``.
+
+The update for backends whose optimizer is a torch optimizer (replicated and FSDP2): clip the global gradient
+norm, then step unless the loss or the gradient is not finite; where the optimizer is fused, the skip happens in
+its kernel (torch's ``found_inf`` protocol) so the host never waits for the device to learn it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar
+
+import torch
+from torch import nn
+
+from anyfit.model.loading import count_parameters, load_model
+
+
+@dataclass
+class Loaded:
+    """A model as a backend loaded it, with its sizes counted before any sharding."""
+
+    model: nn.Module
+    trainable: int  # parameters, whole-model counts
+    total: int
+    read: int  # parameter elements this process read from the weights (none on the meta device)
+
+    @classmethod
+    def of(cls, model: nn.Module, cfg, say, read: int | None = None) -> Loaded:
+        trainable, total = count_parameters(model)
+        say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
+            f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
+        return cls(model, trainable, total, read_elements(model) if read is None else read)
+
+
+class Backend:
+    """How the model, gradients and optimizer states of one run live on its processes.
+
+    Setup (collective): ``load`` (the model, read or received, sharded if this backend shards), ``optimizer``
+    (the optimizer the update runs, from anyfit's), ``wrap`` (the objects the loop steps). A window: ``sync``
+    around each micro-batch's forward/backward, ``backward``, then ``update``. States: ``full_state_dict``,
+    ``save_states``/``load_states`` into a checkpoint folder, ``check_checkpoint`` before anything loads;
+    ``read_whole`` reads a checkpoint this backend wrote in one process, without the ones that wrote it."""
+
+    name: ClassVar[str]  # runtime.sharding's value
+    layout: ClassVar[str]  # how its checkpoints are laid out, in words
+    folder: ClassVar[str | None] = None  # the checkpoint sub-folder its states are written under (None: none)
+    sharded: ClassVar[bool] = False  # each process holds a part of the states; every forward is collective
+    redo_after_oom: ClassVar[bool] = True  # a window cut short by out-of-memory may be redone whole
+
+    def __init__(self, reason: str, offload: bool = False, reduce_every: bool = False):
+        self.reason = reason  # printed with the runtime line: why this backend, as configured or chosen
+        self.offload = offload  # states (and the update) in host RAM
+        self.reduce_every = reduce_every  # gradients reduced after every micro-batch, not once per window
+
+    # -- setup (collective) ---------------------------------------------------------------------------------
+    def load(self, cfg, policy, accelerator, resume_from: Path | None, say) -> Loaded:
+        """The model as this backend holds it. A resumed checkpoint's weights come in ``load_states``, unless
+        this backend must read them before it shards."""
+        return Loaded.of(load_model(cfg, policy, accelerator.local_process_index), cfg, say)
+
+    def optimizer(self, optimizer: torch.optim.Optimizer, cfg, device: str) -> torch.optim.Optimizer:
+        """The optimizer the update runs (anyfit's own, unless the backend's is faster where its states live)."""
+        return optimizer
+
+    def wrap(self, model: nn.Module, optimizer, accelerator, say) -> tuple[nn.Module, object]:
+        """The model and optimizer the loop steps."""
+        return model, optimizer
+
+    # -- one window ---------------------------------------------------------------------------------------
+    def sync(self, accelerator, model: nn.Module, last: bool):
+        """Around one micro-batch's forward and backward: whether its gradients are reduced now (the window's
+        last micro-batch, or every one where this backend reduces each)."""
+        return contextlib.nullcontext()
+
+    def no_sync(self, accelerator, model: nn.Module):
+        """Around forwards and backwards whose gradients are never reduced (the micro-batch probe)."""
+        return self.sync(accelerator, model, last=False)
+
+    def backward(self, accelerator, model: nn.Module, loss: torch.Tensor) -> None:
+        accelerator.backward(loss)
+
+    def update(self, accelerator, model: nn.Module, optimizer, loss_sum: torch.Tensor, max_norm: float,
+               precision: str) -> tuple[torch.Tensor, torch.Tensor | bool]:
+        """End the window: (the gradient norm before clipping, whether the update was applied)."""
+        norm = clip_gradients(accelerator, model, max_norm)
+        return norm, guarded_step(optimizer, is_finite_step(loss_sum, norm, precision),
+                                  skips_on_device(optimizer, precision))
+
+    def after_eval(self, model: nn.Module) -> None:
+        """After forwards with no backward (validation): free what the backend kept for a backward."""
+
+    # -- states -------------------------------------------------------------------------------------------
+    def full_state_dict(self, accelerator, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Every weight, whole, on the main process (collective; the others may get an empty dict)."""
+        return accelerator.get_state_dict(model)
+
+    def save_states(self, accelerator, model: nn.Module, optimizer, folder: Path, save_weights: Callable[[], None]
+                    ) -> None:
+        """The model and optimizer states into a checkpoint folder (collective). ``save_weights()`` writes the
+        whole weights as an ordinary model folder (safetensors, the adapter for LoRA)."""
+        raise NotImplementedError
+
+    def load_states(self, accelerator, model: nn.Module, optimizer, folder: Path) -> None:
+        """A checkpoint's model and optimizer states into this run's (collective)."""
+        raise NotImplementedError
+
+    def check_checkpoint(self, folder: Path, processes: int, writer: type[Backend]) -> str:
+        """Why this backend cannot continue, with ``processes``, the checkpoint ``writer`` wrote in ``folder``
+        ('' when it can); the sentence follows "train.resume: checkpoint <folder>"."""
+        return ""
+
+    @classmethod
+    def refuse_other(cls, folder: Path, reader: Backend) -> str:
+        """Why another backend cannot continue the checkpoint this one wrote ('' when it can), as above."""
+        return ""
+
+    @classmethod
+    def wrote(cls, folder: Path) -> bool:
+        """Whether this backend wrote the checkpoint in ``folder``."""
+        return cls.folder is not None and (folder / cls.folder).is_dir()
+
+    @classmethod
+    def read_whole(cls, folder: Path, model: nn.Module) -> None:
+        """Read the checkpoint this backend wrote into ``model``'s whole tensors, in one process."""
+        raise NotImplementedError
+
+
+def read_elements(model: nn.Module) -> int:
+    """Parameter elements a process holds real data for (none on the meta device: a model built empty)."""
+    return sum(p.numel() for p in model.parameters() if not p.is_meta)
+
+
+def local_numel(tensors) -> int:
+    """Elements this process holds (a DTensor counts its local shard only, a DeepSpeed ZeRO-3 parameter its
+    partition)."""
+    from torch.distributed.tensor import DTensor
+
+    def held(t):
+        return t.ds_tensor if hasattr(t, "ds_tensor") else t.to_local() if isinstance(t, DTensor) else t
+
+    return sum(held(t).numel() for t in tensors)
+
+
+def clip_gradients(accelerator, model, max_norm: float) -> torch.Tensor:
+    """Clip the global gradient norm (over all processes' shards when sharded); returns the norm before clipping."""
+    norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)
+    full_tensor = getattr(norm, "full_tensor", None)  # a DTensor under FSDP2: the same value on every process
+    return full_tensor() if full_tensor is not None else norm
+
+
+def is_finite_step(loss_sum: torch.Tensor, grad_norm: torch.Tensor, precision: str) -> torch.Tensor:
+    """Whether the update may be applied (a device flag). Under fp16 a non-finite gradient is the loss
+    scaler's business (it skips the step and lowers the scale), not a failure of the run."""
+    if precision == "fp16":
+        return torch.isfinite(loss_sum)
+    return torch.isfinite(loss_sum) & torch.isfinite(grad_norm)
+
+
+def skips_on_device(optimizer, precision: str) -> bool:
+    """Whether ``guarded_step`` can skip on the device: the optimizer is fused and no GradScaler owns the
+    ``found_inf`` protocol already (fp16)."""
+    inner = getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps the torch one
+    return precision != "fp16" and bool(inner.defaults.get("fused"))
+
+
+def guarded_step(optimizer, finite: torch.Tensor, on_device: bool) -> torch.Tensor | bool:
+    """Apply the update unless ``finite`` is false; returns the flag (still on the device when ``on_device``).
+
+    ``on_device``: torch's fused AdamW reads a ``found_inf`` tensor set on the optimizer (the protocol torch's
+    GradScaler uses with fused optimizers) and skips the update, step count included, inside its kernel, so
+    the host never waits for the GPU to learn whether the step was finite. Otherwise the flag is read here
+    (a host sync) and a non-finite step is not taken.
+    """
+    if on_device:
+        inner = getattr(optimizer, "optimizer", optimizer)
+        inner.found_inf = (~finite).float()
+        try:
+            optimizer.step()
+        finally:
+            del inner.found_inf
+        return finite
+    finite = bool(finite)
+    if finite:
+        optimizer.step()
+    return finite
