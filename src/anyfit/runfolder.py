@@ -40,7 +40,7 @@ LOCK = ".anyfit-run.lock"
 
 class NotWritten(Exception):
     """A checkpoint or the final model could not be written (a full disk, a quota): one line for the user,
-    saying what was lost and what is intact (``anyfit.training.checkpoints.storage``)."""
+    saying what was lost and what is intact (``anyfit.training.checkpoints.disk``)."""
 
 
 class RunLock:

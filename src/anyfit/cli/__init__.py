@@ -14,14 +14,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from anyfit.cli import generation, machine, outputs, profile, render, setup, train
+from anyfit.cli import finished, generation, machine, profile, render, setup, train
 from anyfit.cli.common import version
 from anyfit.config import ConfigError, help_text
 from anyfit.data.sources import DataError
 from anyfit.runfolder import NotWritten
 
 # In the order `anyfit --help` lists them.
-COMMANDS = (train, profile, machine, render, setup, generation, outputs)
+COMMANDS = (train, profile, machine, render, setup, generation, finished)
 
 
 def build_parser() -> argparse.ArgumentParser:

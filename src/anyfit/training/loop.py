@@ -3,7 +3,7 @@
 Setup asks the module that owns each part: the runtime policy (``hardware.runtime``), the backend that spreads
 the run over its processes (``anyfit.backends``, chosen once and never branched on), where the run starts
 (``training.checkpoints.start``), the data and held-out sets (``data.prepare``), the model and optimizer (the backend,
-``training.optim``), the micro-batch (``training.autofit``) and the run folder (``training.outputs``).
+``training.optim``), the micro-batch (``training.autofit``) and the run folder (``training.run_record``).
 
 Per optimizer step: take this process's micro-batches of the step's accumulation window, run forward
 and backward on each (gradients reduced as the backend does), scale so the update is the mean over every
@@ -53,7 +53,7 @@ from anyfit.training.metrics import (
     start_trackers,
 )
 from anyfit.training.optim import build_optimizer, build_scheduler, check_optimizer
-from anyfit.training.outputs import (
+from anyfit.training.run_record import (
     describe_run,
     record_held_per_process,
     start_run_dir,

@@ -33,7 +33,7 @@ from anyfit.runfolder import (
     checkpoint_step,
 )
 from anyfit.training.checkpoints.integrity import STATE, checkpoint_problem, write_manifest
-from anyfit.training.checkpoints.storage import (
+from anyfit.training.checkpoints.disk import (
     agreed,
     bytes_to_write,
     is_write_error,
