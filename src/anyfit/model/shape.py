@@ -137,12 +137,61 @@ def load_model_config(cfg: ModelConfig):
 
     src = ModelSource.from_config(cfg)
     try:
-        return AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file, revision=cfg.revision,
-                                          trust_remote_code=cfg.trust_remote_code)
+        config = AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file, revision=cfg.revision,
+                                            trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as e:
         raise ConfigError(f"Cannot read the model config of {cfg.name_or_path!r} ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]}). Offline, point model.name_or_path at a local folder "
                           "with config.json or a .gguf file.") from e
+    except Exception as e:  # transformers' own checks of the sizes (huggingface_hub's strict dataclass errors)
+        raise ConfigError(f"The model config of {cfg.name_or_path!r} is inconsistent: {_innermost(e)}. Fix its "
+                          "config.json, or point model.name_or_path at the model's own.") from e
+    if src.gguf_file is None:  # a GGUF file's metadata holds every size; a config.json may leave some out
+        from transformers import PretrainedConfig
+
+        raw, _ = PretrainedConfig.get_config_dict(src.path, revision=cfg.revision)
+        problem = size_problem(config, raw)
+        if problem:
+            raise ConfigError(f"The config.json of {cfg.name_or_path!r} {problem}. Fix it, or point "
+                              "model.name_or_path at the model's own.")
+    return config
+
+
+# The sizes a formula family's config.json must state: missing, transformers fills in its class's defaults (a
+# 7B Llama's), and the plan would be of another model than the one named.
+_REQUIRED = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "vocab_size")
+
+
+def size_problem(config, raw: dict) -> str:
+    """What is wrong with the sizes of a Llama-family or GPT-2 ``config.json`` ('' when nothing): a size it
+    leaves out, a size that is not positive, heads that do not divide the width or key/value heads that do not
+    divide the heads. Other architectures are counted by building them, which checks them."""
+    model_type = getattr(config, "model_type", "")
+    if (model_type not in _LLAMA_LIKE and model_type != "gpt2") or config.get_text_config() is not config:
+        return ""
+    names = getattr(type(config), "attribute_map", {})
+    required = _REQUIRED if model_type in _LLAMA_LIKE else tuple(k for k in _REQUIRED if k != "intermediate_size")
+    missing = [k for k in required if k not in raw and names.get(k) not in raw]
+    if missing:
+        return f"leaves out {', '.join(missing)} (transformers would fill in its {type(config).__name__} defaults)"
+    sizes = {k: getattr(config, k, None) for k in (*required, "num_key_value_heads", "head_dim")}
+    bad = [f"{k}={v}" for k, v in sizes.items() if v is not None and (not isinstance(v, int) or v <= 0)]
+    if bad:
+        return f"has sizes that are not positive whole numbers ({', '.join(bad)})"
+    heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"] or sizes["num_attention_heads"]
+    if not sizes["head_dim"] and sizes["hidden_size"] % heads:
+        return (f"has hidden_size={sizes['hidden_size']}, not a multiple of num_attention_heads={heads}, and no "
+                "head_dim")
+    if heads % kv:
+        return f"has num_attention_heads={heads}, not a multiple of num_key_value_heads={kv}"
+    return ""
+
+
+def _innermost(error: BaseException) -> str:
+    """The first line of the deepest cause (transformers wraps its check's ValueError in a validation error)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200].rstrip(".")
 
 
 def model_shape(cfg: ModelConfig) -> ModelShape:

@@ -718,3 +718,21 @@ def test_plan_command_prices_and_examples(tiny_llama_dir, capsys):
     assert row["price_per_hour"] == 2.5 and row["steps_per_epoch"] == 20
     assert row["cost_per_epoch"] == pytest.approx(2.5 * row["seconds_per_epoch"] / 3600, abs=0.01)
     assert main([*args, "--examples", "0"]) == 2
+
+
+@pytest.mark.parametrize("sizes, needle", [
+    ({"hidden_size": 4096, "num_hidden_layers": 32, "vocab_size": 128256},
+     "leaves out intermediate_size, num_attention_heads"),  # planned with LlamaConfig's defaults, it was 5.9B
+    ({"hidden_size": 100, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 3,
+      "vocab_size": 1000}, "not a multiple of"),
+    ({"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 3, "vocab_size": 1000}, "num_key_value_heads"),
+    ({"hidden_size": 128, "intermediate_size": 0, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "vocab_size": 1000}, "intermediate_size=0"),
+], ids=["missing", "heads", "kv-heads", "zero"])
+def test_a_config_json_that_is_not_the_model_named_is_one_line(tmp_path, sizes, needle):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **sizes}))
+    with pytest.raises(ConfigError) as e:
+        model_shape(load_config(None, [f"model.name_or_path={tmp_path}"]).model)
+    message = str(e.value)
+    assert "\n" not in message and str(tmp_path) in message and needle in message, message
