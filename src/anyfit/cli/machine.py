@@ -29,12 +29,17 @@ def cmd_plan(args) -> int:
 
     if args.examples is not None and args.examples < 1:
         raise ConfigError(f"--examples must be at least 1, got {args.examples}.")
+    if args.micro_batch is not None and not 1 <= args.micro_batch <= cfg.train.effective_batch:
+        raise ConfigError(f"--micro-batch must be from 1 to train.effective_batch ({cfg.train.effective_batch}), got "
+                          f"{args.micro_batch}.")
     targets = targets_from_args(args.device, args.memory_gb, args.gpus, price_per_hour=args.price_per_hour)
     if args.json:
-        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples), indent=2,
+        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples,
+                                   micro_batch=args.micro_batch), indent=2,
                          default=str))
     else:
-        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples))
+        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples,
+                          micro_batch=args.micro_batch))
     return 0
 
 
@@ -60,5 +65,8 @@ def register(sub) -> None:
     p.add_argument("--examples", type=int, default=None,
                    help="Training examples per epoch, for time and cost per epoch (default: data.num_samples; "
                         "without either, only per 100 steps).")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="Plan this micro-batch as given (a run with train.micro_batch fixed) instead of the largest "
+                        "that fits, as train.micro_batch=auto picks.")
     p.add_argument("--json", action="store_true", help="Print the plan as JSON.")
     p.set_defaults(func=cmd_plan)

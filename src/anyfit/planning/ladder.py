@@ -153,8 +153,9 @@ class _Planner:
     """The ladder's state for one target: the budget, the configured run, and a cache of fits."""
 
     def __init__(self, cfg: Config, shape: ModelShape, target: Target, safety: float, overhead_gib: float | None,
-                 tokens_per_sequence: float, processes: int | None = None):
+                 tokens_per_sequence: float, processes: int | None = None, micro_batch: int | None = None):
         self.cfg, self.shape, self.target = cfg, shape, target
+        self.fixed_micro = micro_batch  # planned as given (``anyfit plan --micro-batch``), not the largest that fits
         self.overhead_gib = overhead_gib
         self.tokens_per_sequence = tokens_per_sequence
         self.notes: list[str] = []
@@ -275,9 +276,15 @@ class _Planner:
                              processes=option.processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
                              sharding=option.sharding, reduce_every=option.reduce)
 
-        micro = choose_micro_batch(
-            self.effective // option.processes, lambda m: estimate_memory(self.shape, setup(m), overhead_gib=self.overhead_gib).peak,
-            self.budget)
+        def peak(m: int) -> int:
+            return estimate_memory(self.shape, setup(m), overhead_gib=self.overhead_gib).peak
+
+        share = self.effective // option.processes
+        if self.fixed_micro:  # as given: it must split this option's share of the batch and fit
+            micro = self.fixed_micro if share % self.fixed_micro == 0 and peak(self.fixed_micro) <= self.budget \
+                else None
+        else:
+            micro = choose_micro_batch(share, peak, self.budget)
         found = None
         if micro is not None:
             mem = estimate_memory(self.shape, setup(micro), overhead_gib=self.overhead_gib)
@@ -343,19 +350,20 @@ def _verdict(setup: Setup, configured: _Option) -> str:
 
 def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: float | None = None,
                 safety: float = SAFETY, overhead_gib: float | None = None,
-                examples: int | None = None) -> TargetPlan:
+                examples: int | None = None, micro_batch: int | None = None) -> TargetPlan:
     """Find how the configured run fits on ``target``, with the cheapest memory savers that make it fit.
 
     First the run as configured, then the saver ladder in the order the comment above ``_Planner`` gives and
     explains; else a bigger GPU. At each option the micro-batch is chosen as ``micro_batch=auto`` chooses it (the
     largest divisor of the per-process share of the effective batch that fits), here under ``safety`` x the target's
-    memory; accumulation keeps the effective batch. ``examples`` (or data.num_samples) gives the steps per epoch.
+    memory; accumulation keeps the effective batch; ``micro_batch`` fixes it instead (an option it does not fit does
+    not fit). ``examples`` (or data.num_samples) gives the steps per epoch.
 
     Kept whole: it is the ladder itself, step by step in the order it is tried; its parts (the
     options, fitting, scoring) are the ``_Planner`` methods it calls.
     """
     tokens_per_sequence = mean_tokens or cfg.data.max_length
-    p = _Planner(cfg, shape, target, safety, overhead_gib, tokens_per_sequence)
+    p = _Planner(cfg, shape, target, safety, overhead_gib, tokens_per_sequence, micro_batch=micro_batch)
     procs, effective, cuda = p.procs, p.effective, p.cuda
     if procs < target.num_devices:
         p.notes.append(f"train.effective_batch={effective} does not split over {target.num_devices} GPUs; "

@@ -30,17 +30,18 @@ def _resolve_targets(targets) -> list[Target]:
 
 
 def plan(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-         safety: float = SAFETY, examples: int | None = None) -> tuple[ModelShape, list[TargetPlan]]:
-    """Plan the configured run on each target (default: this machine and every preset)."""
+         safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None
+         ) -> tuple[ModelShape, list[TargetPlan]]:
+    """Plan the configured run on each target (default: this machine and every preset); ``micro_batch``: fixed."""
     shape = shape or model_shape(cfg.model)
-    return shape, [plan_target(cfg, shape, t, mean_tokens, safety, examples=examples)
+    return shape, [plan_target(cfg, shape, t, mean_tokens, safety, examples=examples, micro_batch=micro_batch)
                    for t in _resolve_targets(targets)]
 
 
 def plan_dict(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-              safety: float = SAFETY, examples: int | None = None) -> dict[str, Any]:
+              safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None) -> dict[str, Any]:
     """The plan as plain data (``anyfit plan --json``). Memory is per device (per rank); host RAM per machine."""
-    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples)
+    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch)
     examples = examples if examples is not None else cfg.data.num_samples
     return {
         "model": {**{k: v for k, v in dataclasses.asdict(shape).items() if k != "projections"},
@@ -78,14 +79,14 @@ def _short_savers(s: Setup) -> str:
 
 
 def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-                safety: float = SAFETY, examples: int | None = None) -> str:
+                safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None) -> str:
     """The printable plan: one row per target, each target's per-device breakdown, then the first target's
     memory in detail.
 
     Kept whole: the report is read in the order it prints (table, notes per target, the first
     target's breakdown); every number in it comes from ``plan``.
     """
-    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples)
+    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch)
     examples = examples if examples is not None else cfg.data.num_samples
     lora_n = shape.lora_params(cfg.lora.r, cfg.lora.target_modules)
     lines = [f"model {cfg.model.name_or_path or '(given shape)'}",

@@ -736,3 +736,17 @@ def test_a_config_json_that_is_not_the_model_named_is_one_line(tmp_path, sizes, 
         model_shape(load_config(None, [f"model.name_or_path={tmp_path}"]).model)
     message = str(e.value)
     assert "\n" not in message and str(tmp_path) in message and needle in message, message
+
+
+def test_a_fixed_micro_batch_is_planned_as_given():
+    shape, cfg = shape_from_config(qwen25_05b()), config("train.effective_batch=16", "data.max_length=2048")
+    target = PRESETS["a100-80"]
+    largest = plan_target(cfg, shape, target)
+    assert largest.verdict == "fits" and largest.setup.micro_batch > 2
+    fixed = plan_target(cfg, shape, target, micro_batch=2)
+    assert fixed.setup.micro_batch == 2 and fixed.setup.accumulation == 8
+    assert fixed.memory.peak < largest.memory.peak  # fewer sequences' activations at once
+    # where even the saver ladder cannot fit it, the given micro-batch is never silently replaced by a smaller one
+    small = plan_target(config("train.effective_batch=16", "data.max_length=32768"), shape, PRESETS["t4"],
+                        micro_batch=16)
+    assert small.setup is None or small.setup.micro_batch == 16
