@@ -79,8 +79,8 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
       input.
     - under autocast each linear casts its input separately (autocast caches casts of weights only), so a
       normalised hidden state read by q, k and v is kept three times in bf16.
-    - a frozen linear keeps no input; a LoRA adapter keeps its dropout output (or mask/noise) and the
-      rank-r intermediate.
+    - a frozen linear keeps no input (but a 4-bit one does: ``_four_bit_inputs``); a LoRA adapter keeps its
+      dropout output (or mask/noise) and the rank-r intermediate.
 
     With gradient checkpointing a checkpointed layer keeps only its input (``checkpoint_input``), and one
     layer is recomputed at a time during the backward pass.
@@ -135,12 +135,31 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
             elif group != "attn_out":  # fp32 without dropout: the adapters keep the very tensor the base reads
                 inputs += a * d
             inputs += readers * a * setup.lora_r  # lora_A's output, kept by lora_B
+        if setup.method == "qlora":
+            inputs += _four_bit_inputs(groups, layers, a, casts)
     per_layer = 2 * norm + attention + mlp + inputs
 
     head = 4 * h + 4  # final norm's fp32 input copy
     if full:  # normalised input for the norm weight, and the head's input (cast under autocast)
         head += rs * h + (a if casts else rs) * h
     return Activations(per_layer=per_layer, head=head, checkpoint_input=rs * h)
+
+
+def _four_bit_inputs(groups: dict[str, list[Projection]], layers: int, a: int, casts: bool) -> float:
+    """What bitsandbytes' 4-bit matmul keeps, frozen or not: ``MatMul4Bit`` saves its input for the backward
+    whenever that input needs a gradient (it always does under QLoRA: adapters train below it), each in the
+    compute dtype. Under an fp32 residual stream every module casts the norm's output itself (one copy per
+    reader); the attention output is SDPA's own (counted), the down projection's input the MLP product."""
+    kept = 0.0
+    for group, projs in groups.items():
+        readers, d = sum(p.count for p in projs) / layers, projs[0].d_in
+        if group in ("attn_in", "mlp_in"):
+            kept += (readers if casts else 1) * a * d
+        elif group == "mlp_mid":
+            kept += a * d
+        elif group == "other":
+            kept += readers * a * d
+    return kept
 
 
 def logits_bytes(shape: ModelShape, tokens: int, logit_bytes: int = 4, chunk: int = 0) -> int:

@@ -226,7 +226,14 @@ def test_memory_grows_with_micro_batch_and_shrinks_with_checkpointing_lora_qlora
         assert estimate_memory(shape, setup_for("full", micro, ckpt=True)).peak < full
         lora = estimate_memory(shape, setup_for("lora", micro)).peak
         qlora = estimate_memory(shape, setup_for("qlora", micro)).peak
-        assert qlora < lora < full
+        assert lora < full
+        assert qlora > 0
+    # 4-bit weights save memory where weights dominate (a 7B model, one sequence); every 4-bit matmul keeps its
+    # input for backward and PEFT keeps the residual stream, embeddings and head in fp32, so where activations
+    # dominate QLoRA can take more (LitGPT measured TinyLlama-1.1B at micro-batch 8: LoRA 13.5 GB, QLoRA
+    # 16.24 GB; benchmarks/PLAN_VS_MEASURED.md, 'Against published measurements')
+    seven = shape_from_config(llama2_7b())
+    assert estimate_memory(seven, setup_for("qlora")).peak < estimate_memory(seven, setup_for("lora")).peak
     # Sharding divides weights, gradients and optimizer states.
     one = estimate_memory(shape, setup_for("full", 1))
     fsdp = estimate_memory(shape, setup_for("full", 1, processes=8, fsdp=True))
