@@ -256,11 +256,11 @@ def markdown(table: list[list[str]], summary: list[str]) -> str:
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or append) the section, keeping everything else in the file."""
+def write_section(path: Path, text: str, section: str = SECTION) -> None:
+    """Replace (or append) ``section``, keeping everything else in the file (published_speed.py uses it too)."""
     old = path.read_text()
-    if SECTION in old:
-        head, rest = old.split(SECTION, 1)
+    if section in old:
+        head, rest = old.split(section, 1)
         nxt = rest.find("\n## ")
         old = head + (rest[nxt + 1:] if nxt >= 0 else "")
         old = old.rstrip("\n") + "\n"
