@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import anyfit
-
-PACKAGE = Path(anyfit.__file__).resolve().parent
-README = PACKAGE.parents[1] / "README.md"
+# The source tree beside this test, not the installed package (a wheel install has no README beside it)
+REPO = Path(__file__).resolve().parents[2]
+PACKAGE = REPO / "src" / "anyfit"
+README = REPO / "README.md"
 ROOT = "src/anyfit/"  # the tree's first line; the block's later lines at column 0 (notebooks/, tests/) are not it
 NOT_LISTED = ("__init__.py", "__main__.py")  # a package is listed by its folder
 
