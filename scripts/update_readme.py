@@ -1,13 +1,20 @@
-"""Regenerate the config reference in README.md from the config dataclasses: uv run python scripts/update_readme.py"""
+"""Regenerate README.md's generated parts: the config reference (from the config dataclasses) and the 'What fits
+where' table (`anyfit plan` on the hardware guide's machines): uv run python scripts/update_readme.py"""
 
+import sys
 from pathlib import Path
 
 from anyfit.config import reference_markdown
 
-START, END = "<!-- config-reference:start -->\n", "<!-- config-reference:end -->"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from hardware_guide import markdown as hardware_markdown  # noqa: E402  (the script beside this one)
+
 readme = Path(__file__).resolve().parents[1] / "README.md"
 text = readme.read_text()
-head, rest = text.split(START, 1)
-_, tail = rest.split(END, 1)
-readme.write_text(head + START + reference_markdown() + END + tail)
+for name, body in (("config-reference", reference_markdown()), ("hardware-guide", hardware_markdown())):
+    start, end = f"<!-- {name}:start -->\n", f"<!-- {name}:end -->"
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    text = head + start + body + end + tail
+readme.write_text(text)
 print(f"updated {readme}")

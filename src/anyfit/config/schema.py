@@ -48,6 +48,11 @@ class ModelConfig:
     checkpoint_every: int = _f(
         1, "With gradient_checkpointing: recompute every N-th decoder layer only (1: all of them). Larger N keeps "
         "more activations and recomputes less: a knob between speed and memory.")
+    activation_offload: bool = _f(
+        False, "Move the activations the decoder body keeps for the backward to host RAM during the forward and "
+        "back when the backward needs them (with gradient_checkpointing: each checkpointed layer's input). On CUDA "
+        "it frees their device memory for two copies over PCIe, not overlapped with compute (anyfit plan counts "
+        "them); on a CPU or Apple's unified memory it frees nothing.")
 
 
 @dataclass

@@ -19,8 +19,10 @@ Everything is computed from the model's *config* (no weights are read) and the r
    margin (the rule of ``micro_batch=auto``), the accumulation that keeps the configured effective batch, and,
    when the run as configured does not fit, the cheapest savers that do (the ladder: ``plan_target``), then
    LoRA, QLoRA, more GPUs. ``recommend_sharding`` answers ``runtime.sharding=auto`` with the same estimates.
-4. ``anyfit.planning.time.step_time``: training FLOPs over the device's dense peak times a model-FLOPs
-   utilisation, the bandwidth-bound optimizer update, and the communication compute cannot hide (DDP's
+4. ``anyfit.planning.time.step_time``: on CUDA the matmul FLOPs at the share of the dense peak matmuls reach
+   (calibrated per architecture against published runs) plus the bytes the operations between them stream
+   at the memory bandwidth; on Macs and CPUs FLOPs over the peak times a model-FLOPs utilisation; then the
+   bandwidth-bound optimizer update, and the communication compute cannot hide (DDP's
    all-reduce, FSDP's all-gathers and reduce-scatter, CPU offload's copies) at the target's interconnect
    bandwidth. With a price per hour, the cost per 100 steps and per epoch follow.
 5. ``anyfit.planning.report``: the printed table and ``--json``; ``anyfit.planning.presets``: the machines

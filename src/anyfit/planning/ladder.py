@@ -174,6 +174,7 @@ class _Planner:
         self._blockers: dict[tuple[str, str], str] = {}
 
         method = "qlora" if cfg.lora.qlora else ("lora" if cfg.lora.enabled else "full")
+        self.requested = method
         if method == "qlora" and not self.cuda:
             self.notes.append("QLoRA needs CUDA (bitsandbytes); planned as LoRA here")
             method = "lora"
@@ -379,6 +380,8 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
         if cuda and p.method != "qlora":
             options += p.options("qlora", 2, procs, shardings=("none",))
         chosen = p.best(options)
+        if chosen is None and p.method == "qlora" and procs > 1:  # QLoRA is not sharded; LoRA is, over these GPUs
+            chosen = p.best(p.options("lora", 1, procs, shardings=("fsdp", "offload")))
 
     alternatives: list[str] = []
     slow = chosen is not None and chosen[0].tier != (0, 0)  # offload, Adafactor, LoRA, QLoRA
@@ -434,6 +437,8 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
 
     option, setup, mem = chosen
     verdict = _verdict(setup, configured)
+    if p.requested != p.method:  # QLoRA asked for where bitsandbytes does not run: the plan is LoRA's
+        verdict = "needs LoRA (QLoRA needs CUDA)" + verdict.removeprefix("fits")
     notes = p.notes
     if verdict == "fits" and cfg.model.gradient_checkpointing:
         without = p.fit(dataclasses.replace(configured, ckpt=0))

@@ -243,6 +243,16 @@ def _weights(shape: ModelShape, setup: Setup, notes: list[str]) -> tuple[float, 
     return loaded, trainable, grad_bytes, head_trains
 
 
+def offloaded_activation_bytes(shape: ModelShape, setup: Setup, tokens: int) -> int:
+    """What ``model.activation_offload`` moves to host RAM per micro-batch of ``tokens`` (anyfit.model.offload):
+    the decoder body's saved tensors, each checkpointed layer's input only; the output head's stay."""
+    if not setup.activation_offload:
+        return 0
+    act = activation_bytes(shape, setup)
+    recomputed = setup.checkpointed_layers(shape.num_layers)
+    return int(tokens * (recomputed * act.checkpoint_input + (shape.num_layers - recomputed) * act.per_layer))
+
+
 def _activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_bytes: int,
                             head_trains: bool) -> tuple[int, int]:
     """(saved activations, logits and loss) of one micro-batch of ``tokens`` at the forward/backward peak."""
@@ -258,7 +268,12 @@ def _activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_b
         logits = max(logits_bytes(shape, tokens, logit_bytes, setup.loss_chunk_tokens),
                      tokens * shape.vocab_size * logit_bytes + head_grad)
     recomputed = setup.checkpointed_layers(shape.num_layers)
-    if recomputed:
+    if setup.activation_offload:
+        # The body's saved tensors are in host RAM; the backward brings back one layer at a time (recomputed or
+        # unpacked), whose saved tensors plus their gradients (~ the same again) sit beside the head's.
+        layer = 2 * tokens * act.per_layer
+        activations = int(tokens * act.head + max(0, layer - logits))
+    elif recomputed:
         # Checkpointed layers keep their input only, the others everything, and the head's tensors stay; the
         # backward pass recomputes one layer at a time, whose saved tensors plus their gradients (~ the same
         # again) come on top once the logits are gone.
@@ -378,6 +393,11 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
         notes.append(f"CPU offload: sharded fp32 weights, gradients and optimizer states in host RAM "
                      f"({offloaded / GIB:.1f} GiB on the machine); the optimizer step runs on the CPU")
         weights = gradients = optimizer = step_temp = 0
+    if setup.activation_offload and setup.device == "cuda":
+        moved = offloaded_activation_bytes(shape, setup, tokens)
+        host += n * moved
+        notes.append(f"activation offload: {moved / GIB:.1f} GiB of the decoder's saved tensors per process in host "
+                     f"RAM, copied out and back each micro-batch")
     if setup.device in ("cpu", "mps"):
         host = 0  # the device memory is the host memory: already in the peak
 

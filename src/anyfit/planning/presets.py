@@ -4,8 +4,8 @@ A ``Target`` is what the memory/time planner needs to know about a machine: the 
 can use, how many such devices there are, the dense matmul throughput in each precision anyfit would run
 there, how fast the devices talk to each other and to the host (the communication term of multi-GPU
 plans and of CPU offload), the host RAM, and an hourly price. Peak numbers are vendor datasheet figures
-for dense (non-sparse) tensor-core math; the planner multiplies them by a model-FLOPs utilisation
-(``mfu``) to get a realistic speed.
+for dense (non-sparse) tensor-core math; the planner scales them by the share its matmuls reach on CUDA
+(``MATMUL_SHARE``) or by a model-FLOPs utilisation elsewhere (``mfu``) to get a realistic speed.
 
 Sources (looked up 2026-11):
 - H100 SXM: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3 (NVIDIA H100 datasheet); NVLink 4.0 900 GB/s
@@ -39,12 +39,23 @@ from anyfit.hardware.runtime import Hardware
 from anyfit.units import GIB
 
 
-# Utilisation of the datasheet peak that a plain PyTorch SFT step reaches. 35% is typical for CUDA bf16
-# with SDPA and no torch.compile; Apple's MPS backend lands lower. The CPU figure is relative to a fp32
+# Utilisation of the datasheet peak that a plain PyTorch SFT step reaches, where the time model has one term
+# (CUDA has two, with MATMUL_SHARE below; its entry here is for a target given an explicit ``mfu``). Apple's MPS
+# backend lands lower than CUDA. The CPU figure is relative to a fp32
 # matmul throughput *measured* on the machine (or CPU_TFLOPS_PER_CORE), so it stands for the non-matmul
 # work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages; the range measured:
 # benchmarks/PLAN_VS_MEASURED.md, 'Summary').
 DEFAULT_MFU = {"cuda": 0.35, "mps": 0.25, "cpu": 0.35}
+
+# CUDA: the share of the datasheet dense peak an SFT step's matmuls reach, by architecture; the operations between
+# the matmuls are counted apart, as the bytes they stream (anyfit.planning.time.streamed_bytes_per_token), so the
+# share does not change with the model's width. Each value is the median, over the published runs of that class,
+# of what their step time leaves for the matmuls once those bytes, the optimizer and the exposed communication are
+# taken out (`uv run python benchmarks/published_speed.py`; benchmarks/PLAN_VS_MEASURED.md, 'Against published
+# throughput'): 15 A100 runs (torchtune, llm-foundry) for Ampere, and for the classes no compared run covers (Ada,
+# Turing: an assumption); 7 H100 runs (torchtitan, llm-foundry) for Hopper, whose share sits far under the 80% a
+# lone large bf16 matmul reached on this project's H100. Two constants for 22 runs, none per run.
+MATMUL_SHARE = {"ampere": 0.86, "hopper": 0.53}
 
 # Sustained fp32 GEMM per CPU core when not measured (AVX2/AVX-512 server cores, shared machines; BENCHMARKS.md,
 # 'Measurements that were quoted in code comments (moved 2026-11-26)').
@@ -96,6 +107,14 @@ class Target:
     @property
     def efficiency(self) -> float:
         return self.mfu if self.mfu is not None else DEFAULT_MFU[self.device]
+
+    @property
+    def matmul_share(self) -> float | None:
+        """CUDA without a given ``mfu``: the share of the peak its matmuls reach (``MATMUL_SHARE``); None elsewhere
+        (the time model then uses ``efficiency`` as an MFU)."""
+        if self.device != "cuda" or self.mfu is not None:
+            return None
+        return MATMUL_SHARE["hopper" if self.cuda_capability >= (9, 0) else "ampere"]
 
     def hardware(self) -> Hardware:
         """The ``Hardware`` record the runtime policy would see on this target."""

@@ -9,7 +9,7 @@ from typing import Any
 from anyfit.config import Config, ConfigError
 from anyfit.model.shape import ModelShape, model_shape
 from anyfit.planning.ladder import TargetPlan, plan_target
-from anyfit.planning.presets import DEFAULT_MFU, PRESETS, PRICE_NOTE, Target, default_targets
+from anyfit.planning.presets import DEFAULT_MFU, MATMUL_SHARE, PRESETS, PRICE_NOTE, Target, default_targets
 from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY, Setup, config_overrides
 from anyfit.planning.time import duration_text
 from anyfit.units import GIB
@@ -75,6 +75,8 @@ def _short_savers(s: Setup) -> str:
         out.append({"adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit", "adafactor": "Adafactor"}[s.optimizer])
     if s.gradient_checkpointing:
         out.append("ckpt" if s.checkpoint_every == 1 else f"ckpt/{s.checkpoint_every}")
+    if s.activation_offload:
+        out.append("act-offload")
     return " ".join(out) or "-"
 
 
@@ -116,8 +118,9 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
     fmt = " | ".join(f"{{:{w}}}" for w in widths)
     lines += [fmt.format(*header), "-+-".join("-" * w for w in widths), *(fmt.format(*r) for r in rows)]
     lines.append("savers: FSDP/N = sharded over N GPUs, offload/N = FSDP with CPU offload, 8-bit = 8-bit AdamW "
-                 "states, ckpt/k = gradient checkpointing every k-th layer (ckpt: every layer); host GiB = host RAM "
-                 "the machine needs (each process loads the model there; offloaded state)")
+                 "states, ckpt/k = gradient checkpointing every k-th layer (ckpt: every layer), act-offload = "
+                 "activations in host RAM; host GiB = host RAM the machine needs (each process loads the model "
+                 "there; offloaded state)")
     if examples is None:
         lines.append("$/epoch needs the data size: pass --examples N or set data.num_samples (only per 100 steps here)")
     lines.append(PRICE_NOTE)
@@ -159,7 +162,10 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
         for note in m.notes:
             lines.append(f"  - {note}")
         lines.append("  config: " + " ".join(config_overrides(s)))
-    lines.append("Estimates: see anyfit.planning's docstrings; validated against CPU runs in "
-                 "benchmarks/PLAN_VS_MEASURED.md. Time = FLOPs / (peak x MFU) + optimizer update + communication "
-                 "compute cannot hide; MFU " + ", ".join(f"{d} {v:.0%}" for d, v in DEFAULT_MFU.items()) + ".")
+    shares = ", ".join(f"{k} {v:.0%}" for k, v in MATMUL_SHARE.items())
+    lines.append("Estimates: see anyfit.planning's docstrings; held against CPU runs and published GPU runs in "
+                 "benchmarks/PLAN_VS_MEASURED.md. Time on CUDA = matmul FLOPs / (peak x matmul share: "
+                 f"{shares}) + the bytes the other operations stream / memory bandwidth; on Macs and CPUs = FLOPs / "
+                 "(peak x MFU: " + ", ".join(f"{d} {v:.0%}" for d, v in DEFAULT_MFU.items() if d != "cuda")
+                 + "); + the optimizer update + communication compute cannot hide.")
     return "\n".join(lines)

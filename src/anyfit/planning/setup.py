@@ -80,6 +80,7 @@ class Setup:
     optimizer: str = "adamw"  # train.optimizer: adamw | adamw_8bit | paged_adamw_8bit | adafactor
     checkpoint_every: int = 1  # model.checkpoint_every: with checkpointing, every N-th decoder layer recomputes
     offload: bool = False  # runtime.fsdp_offload: FSDP2 CPU offload of sharded weights, gradients and states
+    activation_offload: bool = False  # model.activation_offload: the decoder body's saved tensors in host RAM
     # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.step.backward_window): no
     # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank; off
     # with runtime.fsdp_reduce_every_micro_batch (a reduce-scatter per micro-batch, only shards persist).
@@ -136,6 +137,8 @@ class Setup:
         if self.gradient_checkpointing:
             out.append("checkpointing every layer" if self.checkpoint_every == 1
                        else f"checkpointing every {self.checkpoint_every} layers")
+        if self.activation_offload:
+            out.append("activation offload")
         return out
 
     def describe(self) -> str:
@@ -174,7 +177,7 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
-                 fsdp_unsharded_accumulation=not reduce_every)
+                 fsdp_unsharded_accumulation=not reduce_every, activation_offload=cfg.model.activation_offload)
 
 
 def config_overrides(s: Setup) -> list[str]:
@@ -185,6 +188,8 @@ def config_overrides(s: Setup) -> list[str]:
     out.append(f"model.gradient_checkpointing={str(s.gradient_checkpointing).lower()}")
     if s.gradient_checkpointing:
         out.append(f"model.checkpoint_every={s.checkpoint_every}")
+    if s.activation_offload:
+        out.append("model.activation_offload=true")
     out += [f"train.optimizer={s.optimizer}", f"runtime.sharding={'fsdp' if s.fsdp else 'none'}",
             f"runtime.fsdp_offload={str(s.offload).lower()}"]
     if s.reduces_every_micro_batch:

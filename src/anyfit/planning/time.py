@@ -1,5 +1,7 @@
-"""Time of one training step on a target machine: training FLOPs over the device's peak times a model-FLOPs
-utilisation, the bandwidth-bound optimizer update, and the communication compute cannot hide."""
+"""Time of one training step on a target machine: the compute (on CUDA: the matmul FLOPs at the share of the
+peak matmuls reach, plus the bytes the non-matmul operations stream through memory; elsewhere: FLOPs over the
+peak times a model-FLOPs utilisation), the bandwidth-bound optimizer update, and the communication compute cannot
+hide."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from anyfit.model.shape import ModelShape
+from anyfit.planning.memory import offloaded_activation_bytes
 from anyfit.planning.presets import PCIE4_GBS, Target
-from anyfit.planning.setup import CPU_OPTIMIZER_GBS, DDP_BUCKET_BYTES, OPTIMIZER_STREAM_BYTES, Setup
+from anyfit.planning.setup import BYTES, CPU_OPTIMIZER_GBS, DDP_BUCKET_BYTES, OPTIMIZER_STREAM_BYTES, Setup
 
 
 def flops_per_token(shape: ModelShape, setup: Setup) -> float:
@@ -33,11 +36,50 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     return mm + attention
 
 
+def streamed_bytes_per_token(shape: ModelShape, setup: Setup) -> float:
+    """Bytes per token that the step's non-matmul operations read and write in device memory, as eager
+    transformers runs them (one kernel per operation, each reading its inputs and writing its output; counted
+    from the Llama modeling code, in activations of the compute dtype, ``a`` bytes):
+
+    - per layer, forward: two RMSNorms (transformers computes them in fp32: the cast up, the square, the mean, the
+      scale, the cast down and the weight, ~36 bytes per hidden unit at a = 2), rotary embedding of q and k
+      (six element-wise passes, read and write), the attention output made contiguous, two residual adds, the
+      gated MLP's SiLU and product (5 passes over the intermediate width); each LoRA target reads its input
+      again (and writes and reads a dropout copy when dropout is on) and adds its output into the base output;
+    - the backward pass about twice the forward; checkpointed layers run their forward again;
+    - the output: the logits written, cast to fp32 for the loss, log-softmax and its gradient, cast back
+      (4a + 28 bytes per vocabulary entry; the same with chunked cross-entropy, which bounds memory, not traffic);
+    - fp32 master weights cast to the compute dtype by autocast once per micro-batch (and again in a
+      checkpointed layer's recompute), spread over the micro-batch's tokens.
+
+    Attention's own FLOPs stay in ``flops_per_token`` (SDPA's flash and memory-efficient kernels do not write
+    the score matrix). A compiled or fused stack streams less; this counts what anyfit runs by default.
+    """
+    a = BYTES[setup.precision]
+    h, i, q, kv = shape.hidden_size, shape.intermediate_size, shape.q_dim, shape.kv_dim
+    layer = (2 * 18 * a * h + 12 * a * (q + kv) + 2 * a * q + 6 * a * h
+             + (5 if shape.gated_mlp else 2) * a * i)
+    if setup.lora:
+        targets = set(shape.lora_targets(setup.lora_targets))
+        copies = 1 + (2 if setup.lora_dropout > 0 else 0)
+        layer += sum(a * (copies * p.d_in + 4 * p.d_out) * p.count for p in shape.projections
+                     if p.name in targets) / max(1, shape.num_layers)
+    layers = max(1, shape.num_layers)
+    recomputed = setup.checkpointed_layers(layers) / layers
+    body = layers * layer * (3 + recomputed)
+    output = shape.vocab_size * (4 * a + 28)
+    casts = 0.0
+    if setup.weight_bytes > a and not setup.mixed_fsdp:  # autocast's copy of fp32 weights, per micro-batch
+        casts = (shape.matmul_params * (setup.weight_bytes + a) * (1 + recomputed)
+                 / max(1, setup.micro_batch * setup.seq_len))
+    return body + output + casts
+
+
 @dataclass(frozen=True)
 class StepTime:
     """Seconds of one optimizer step, by what they are spent on."""
 
-    compute: float  # matmul FLOPs / (peak x MFU)
+    compute: float  # the forward and backward passes (matmuls and the operations between them)
     optimizer: float  # the bandwidth-bound update (on the CPU under offload)
     communication: float  # collectives and offload copies that compute does not hide
 
@@ -107,12 +149,22 @@ def communication_seconds(shape: ModelShape, setup: Setup, target: Target, micro
 
 
 def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float) -> StepTime:
-    """One optimizer step: FLOPs / (peak x MFU x devices), the bandwidth-bound optimizer update, and the
-    exposed communication (``communication_seconds``)."""
-    tokens = setup.micro_batch * setup.accumulation * setup.processes * tokens_per_sequence
+    """One optimizer step: the compute of each device's tokens, the bandwidth-bound optimizer update, and the
+    exposed communication (``communication_seconds``).
+
+    Compute on a target with a calibrated ``matmul_share`` (CUDA): FLOPs / (peak x matmul_share) + the streamed
+    bytes (``streamed_bytes_per_token``) / memory bandwidth, so a small hidden size or a large vocabulary costs
+    what its memory traffic costs; elsewhere FLOPs / (peak x MFU), the CPU's MFU measured against its own runs
+    (benchmarks/PLAN_VS_MEASURED.md)."""
+    tokens = setup.micro_batch * setup.accumulation * tokens_per_sequence  # per device
     seq_setup = dataclasses.replace(setup, seq_len=max(1, round(tokens_per_sequence)))
     flops = flops_per_token(shape, seq_setup) * tokens
-    compute = flops / (target.tflops(setup.precision) * 1e12 * target.efficiency * setup.processes)
+    peak = target.tflops(setup.precision) * 1e12
+    if target.matmul_share is not None:
+        compute = (flops / (peak * target.matmul_share)
+                   + streamed_bytes_per_token(shape, seq_setup) * tokens / (target.bandwidth_gbs * 1e9))
+    else:
+        compute = flops / (peak * target.efficiency)
     trainable = shape.lora_params(setup.lora_r, setup.lora_targets) if setup.lora else shape.params
     streamed = trainable * OPTIMIZER_STREAM_BYTES[setup.optimizer]
     if setup.offload:  # every rank's shard is updated by the same host's memory system
@@ -122,6 +174,10 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     forward = 2 * shape.matmul_params + 4 * shape.num_layers * shape.q_dim * seq_setup.seq_len
     communication = communication_seconds(shape, setup, target, compute / max(1, setup.accumulation),
                                           forward / flops_per_token(shape, seq_setup))
+    if setup.activation_offload and setup.device == "cuda":  # out and back, on the compute stream: not hidden
+        micro_tokens = round(setup.micro_batch * tokens_per_sequence)
+        moved = offloaded_activation_bytes(shape, seq_setup, micro_tokens)
+        communication += setup.accumulation * 2 * moved / (target.host_link_gbs * 1e9)
     return StepTime(compute, optimizer, communication)
 
 

@@ -316,6 +316,17 @@ def test_escalation_ladder():
 def test_qlora_config_is_planned_as_lora_off_cuda():
     p = plan_target(config("lora.qlora=true"), shape_from_config(qwen25_05b()), PRESETS["m-36"])
     assert p.setup.method == "lora" and any("QLoRA needs CUDA" in n for n in p.notes)
+    assert p.verdict.startswith("needs LoRA (QLoRA needs CUDA)")  # not "fits": the plan is another method's
+
+
+def test_qlora_too_big_for_one_gpu_of_a_node_is_planned_as_sharded_lora():
+    """QLoRA is not sharded; on 8 GPUs whose one cannot hold the 4-bit 70B, sharded LoRA does (not 'a bigger GPU')."""
+    seventy = LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False)
+    p = plan_target(config("lora.qlora=true", "data.max_length=2048", "train.effective_batch=16"),
+                    shape_from_config(seventy), PRESETS["8xl40s"])
+    assert p.verdict.startswith("needs LoRA with sharding over 8 GPUs")
+    assert p.setup.method == "lora" and p.setup.fsdp and p.setup.processes == 8
 
 
 def test_report_has_every_preset_row_and_a_breakdown():

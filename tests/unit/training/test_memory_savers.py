@@ -60,3 +60,50 @@ def test_checkpointing_every_second_layer_keeps_gradients(tiny_qwen2_dir):
     assert flags == [[False, False], [True, False]]  # layer 0 recomputed, layer 1 keeps its activations
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("extra, autocast", [
+    ([], False), ([], True), (["model.gradient_checkpointing=true"], True), (["lora.enabled=true"], False),
+    (["lora.enabled=true", "model.gradient_checkpointing=true", "model.checkpoint_every=2"], False),
+], ids=["full", "full-autocast", "full-ckpt-autocast", "lora", "lora-ckpt2"])
+def test_activation_offload_moves_activations_not_weights_and_changes_nothing(extra, autocast, tiny_llama_dir,
+                                                                              monkeypatch):
+    """model.activation_offload: the same loss and gradients bit for bit (a copy out and back is exact), something
+    moved, and never a weight, a view of one or autocast's bf16 copy of one (those would cost a model's worth of
+    copies); evaluation moves nothing."""
+    from anyfit.model import offload
+
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)  # the tiny model's activations are a few KB
+    moved: list[torch.Tensor] = []
+    pack = offload._ToHost._pack
+
+    def counting(self, t):
+        out = pack(self, t)
+        if not isinstance(out, torch.Tensor):
+            moved.append(t)
+        return out
+
+    monkeypatch.setattr(offload._ToHost, "_pack", counting)
+    ids = torch.randint(0, 1000, (2, 13), generator=torch.Generator().manual_seed(0))  # 26 tokens: no weight's size
+    results = []
+    for on in ("false", "true"):
+        cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", *extra, f"model.activation_offload={on}"])
+        torch.manual_seed(0)
+        model = load_model(cfg, resolve_runtime(cfg.runtime))
+        model.train()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        results.append((loss.detach(), [p.grad for p in model.parameters() if p.grad is not None]))
+    assert moved
+    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    shapes = {tuple(p.shape) for p in model.parameters() if p.dim() >= 2}
+    shapes |= {s[::-1] for s in shapes}
+    assert not [t.shape for t in moved if t.untyped_storage().data_ptr() in storages or tuple(t.shape) in shapes]
+    assert torch.equal(results[0][0], results[1][0])
+    assert len(results[0][1]) == len(results[1][1]) > 0
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+    count = len(moved)
+    with torch.no_grad():
+        model(input_ids=ids)
+    assert len(moved) == count

@@ -1,0 +1,58 @@
+"""The README's 'What fits where' table: `anyfit plan`'s verdict for the hardware guide's machines (a Mac with 128 GB,
+an RTX 4090, an A100 80 GB, 8x L40S) on 7B, 13B and 70B models, full / LoRA / QLoRA. Model sizes are written out
+(the models' config.json values), so nothing is downloaded; `scripts/update_readme.py` writes the table and
+tests/unit/planning/test_hardware_guide.py checks it is current."""
+
+from __future__ import annotations
+
+from transformers import LlamaConfig
+
+from anyfit.config import load_config
+from anyfit.model.shape import shape_from_config
+from anyfit.planning.ladder import plan_target
+from anyfit.planning.presets import PRESETS
+from anyfit.planning.time import duration_text
+from anyfit.units import GIB
+
+MACHINES = ("m-128", "rtx4090", "a100-80", "8xl40s")
+MODELS = {
+    "7B (Llama-2-7B)": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                   num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False),
+    "13B (Llama-2-13B)": LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824,
+                                     num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
+                                     tie_word_embeddings=False),
+    "70B (Llama-3.1-70B)": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
+                                       num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
+                                       tie_word_embeddings=False),
+}
+METHODS = {"full": ["lora.enabled=false"], "LoRA": ["lora.enabled=true"],
+           "QLoRA": ["lora.enabled=true", "lora.qlora=true"]}
+RUN = ["data.max_length=2048", "train.effective_batch=16"]  # everything else: anyfit's defaults
+
+
+def cell(plan) -> str:
+    if plan.memory is None:
+        return plan.verdict
+    m = plan.memory
+    per = "/GPU" if plan.target.device == "cuda" else ""
+    parts = [f"{m.peak / GIB:.0f} GiB{per} at micro {plan.setup.micro_batch}"]
+    if plan.setup.offload or plan.setup.processes > plan.target.num_devices:
+        parts.append(f"host {m.host / GIB:.0f} GiB")
+    parts.append(f"{duration_text(plan.seconds_per_100_steps)}/100 steps")
+    return f"{plan.verdict}<br>{', '.join(parts)}"
+
+
+def markdown() -> str:
+    header = ["model", "method"] + [PRESETS[k].label().replace("NVIDIA ", "") for k in MACHINES]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name, config in MODELS.items():
+        shape = shape_from_config(config)
+        for method, overrides in METHODS.items():
+            cfg = load_config(None, ["model.name_or_path=guide", *RUN, *overrides])
+            cells = [cell(plan_target(cfg, shape, PRESETS[k])) for k in MACHINES]
+            lines.append("| " + " | ".join([name, method, *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown())

@@ -1,0 +1,110 @@
+"""The step-time model on CUDA (matmuls at a calibrated share of the peak + the bytes the operations between them
+stream) and the activation offload saver's memory and time. The calibration itself is
+benchmarks/published_speed.py; this holds its constants to what it computes and the model to its physics."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import LlamaConfig, Qwen2Config
+
+from anyfit.config import load_config
+from anyfit.model.shape import shape_from_config
+from anyfit.planning.ladder import plan_target
+from anyfit.planning.memory import estimate_memory, offloaded_activation_bytes
+from anyfit.planning.presets import MATMUL_SHARE, PRESETS
+from anyfit.planning.setup import Setup
+from anyfit.planning.time import flops_per_token, step_time, streamed_bytes_per_token
+
+BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"  # the source tree beside this test
+
+
+def llama(hidden: int, inter: int, layers: int, heads: int, vocab: int = 32000):
+    return shape_from_config(LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                         num_hidden_layers=layers, num_attention_heads=heads,
+                                         num_key_value_heads=heads, tie_word_embeddings=False))
+
+
+def setup(**kw) -> Setup:
+    return Setup(**{**dict(method="full", device="cuda", precision="bf16", weight_bytes=4, micro_batch=4,
+                           seq_len=2048), **kw})
+
+
+def mfu(shape, s: Setup, key: str) -> float:
+    target = PRESETS[key]
+    t = step_time(shape, s, target, s.seq_len)
+    tokens = s.micro_batch * s.accumulation * s.seq_len
+    return tokens * flops_per_token(shape, s) / (t.compute * target.tflops("bf16") * 1e12)
+
+
+def test_narrow_models_and_hopper_reach_less_of_the_peak():
+    """Streamed bytes grow with the width, matmul FLOPs with its square: a 0.5B model gets a smaller share of the
+    peak than a 7B one; the same bytes weigh more on a Hopper (3x the FLOPs, 1.6x the bandwidth of an A100)."""
+    small = shape_from_config(Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                                          num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                                          tie_word_embeddings=True))
+    big = llama(4096, 11008, 32, 32)
+    for key in ("a100-80", "h100"):
+        assert mfu(small, setup(), key) < mfu(big, setup(), key) < MATMUL_SHARE[
+            "hopper" if key == "h100" else "ampere"]
+    assert mfu(big, setup(), "h100") < mfu(big, setup(), "a100-80")
+
+
+def test_streamed_bytes_count_what_runs():
+    shape = llama(4096, 11008, 32, 32)
+    base = streamed_bytes_per_token(shape, setup())
+    assert streamed_bytes_per_token(shape, setup(gradient_checkpointing=True)) > base  # the forward runs again
+    assert streamed_bytes_per_token(shape, setup(method="lora", weight_bytes=2)) > \
+        streamed_bytes_per_token(shape, setup(weight_bytes=2))  # adapters read their inputs again
+    # autocast's weight copies are per micro-batch: they weigh less per token in a larger one
+    assert streamed_bytes_per_token(shape, setup(micro_batch=8)) < base
+
+
+def test_macs_and_cpus_keep_the_one_term_model():
+    shape = llama(2048, 5632, 22, 32)
+    s = setup(device="mps", precision="fp32")
+    target = PRESETS["m-128"]
+    t = step_time(shape, s, target, s.seq_len)
+    flops = s.micro_batch * s.seq_len * flops_per_token(shape, s)
+    assert target.matmul_share is None
+    assert t.compute == pytest.approx(flops / (target.tflops("fp32") * 1e12 * target.efficiency))
+
+
+def test_the_shares_are_what_the_published_runs_give():
+    """MATMUL_SHARE is the per-architecture median of benchmarks/published_speed.py's implied shares: change the
+    time model, and this fails until the constants are recalibrated (run the benchmark, copy its 'Calibration')."""
+    sys.path.insert(0, str(BENCHMARKS))  # it imports its sibling published_memory
+    try:
+        bench = importlib.import_module("published_speed")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    _, summary, kept = bench.build()
+    assert bench.calibration(kept) == MATMUL_SHARE
+    ratios = sorted(r for r, *_ in kept)
+    assert 0.8 <= ratios[len(ratios) // 2] <= 1.25
+
+
+def test_activation_offload_keeps_one_layer_on_the_gpu_and_pays_its_copies():
+    shape = llama(4096, 11008, 32, 32)
+    cfg = load_config(None, ["model.name_or_path=x", "data.max_length=16384", "train.effective_batch=8",
+                             "lora.enabled=true", "model.gradient_checkpointing=true"])
+    target = PRESETS["a100-80"]
+    plans = {on: plan_target(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, activation_offload=on)),
+                             shape, target, micro_batch=1) for on in (False, True)}
+    kept, off = plans[False], plans[True]
+    assert off.setup.activation_offload and "act-offload" not in kept.verdict
+    moved = offloaded_activation_bytes(shape, off.setup, 16384)
+    assert moved > 0
+    assert off.memory.activations < kept.memory.activations
+    assert off.memory.host == kept.memory.host + moved
+    # the copies out and back run on the compute stream: every micro-batch of the window pays them
+    copies = off.setup.accumulation * 2 * moved / (target.host_link_gbs * 1e9)
+    assert off.time.communication == pytest.approx(kept.time.communication + copies)
+    assert off.time.compute == kept.time.compute
+    # on a CPU the activations already are in host RAM: nothing is planned to move
+    cpu = estimate_memory(shape, dataclasses.replace(off.setup, device="cpu", precision="fp32", weight_bytes=4))
+    assert cpu.host == 0
