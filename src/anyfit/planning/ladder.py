@@ -42,7 +42,11 @@ class TargetPlan:
 
     @property
     def price_per_hour(self) -> float | None:
-        return self.target.price_per_hour
+        """The target's price, scaled to the GPUs the plan uses where it spreads over more than the target has."""
+        if self.target.price_per_hour is None:
+            return None
+        processes = self.setup.processes if self.setup is not None else 1
+        return self.target.price_per_hour * max(1.0, processes / self.target.num_devices)
 
     @property
     def cost_per_100_steps(self) -> float | None:
@@ -289,15 +293,19 @@ class _Planner:
         found = None
         if micro is not None:
             mem = estimate_memory(self.shape, setup(micro), overhead_gib=self.overhead_gib)
-            # A node with more GPUs of this kind (the "more GPUs" alternative) has proportionally more host RAM.
-            host_budget = None if self.host_budget is None else \
-                self.host_budget * max(1.0, option.processes / self.target.num_devices)
+            host_budget = self.host_budget_for(option.processes)
             if host_budget is not None and mem.host > host_budget:
                 self.host_short[option] = mem.host
             else:
                 found = (setup(micro), mem)
         self._fits[option] = found
         return found
+
+    def host_budget_for(self, processes: int) -> int | None:
+        """A node with more GPUs of this kind (the "more GPUs" alternative) has proportionally more host RAM."""
+        if self.host_budget is None:
+            return None
+        return int(self.host_budget * max(1.0, processes / self.target.num_devices))
 
     def seconds(self, setup: Setup) -> float:
         return step_seconds(self.shape, setup, self.target, self.tokens_per_sequence)
@@ -453,7 +461,7 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                      f"({target.interconnect_gbs or PCIE4_GBS:g} GB/s between GPUs, "
                      f"{target.host_link_gbs:g} GB/s to the host)")
     return TargetPlan(target, verdict, setup, mem, 100 * time.total, p.budget, tuple(notes), tuple(alternatives),
-                      time=time, steps_per_epoch=steps_per_epoch, host_budget_bytes=p.host_budget)
+                      time=time, steps_per_epoch=steps_per_epoch, host_budget_bytes=p.host_budget_for(setup.processes))
 
 
 def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes: int) -> tuple[bool, str]:

@@ -536,6 +536,20 @@ def seven_b_config(*overrides: str):
     return config("data.max_length=2048", *overrides, name="meta-llama/Llama-2-7b-hf")
 
 
+def test_a_plan_over_more_gpus_than_the_target_has_prices_and_budgets_them_all():
+    """A one-GPU preset whose run needs 16 GPUs of its kind: the host RAM budget and the price are 16 GPUs' worth."""
+    seventy = LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                          num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False)
+    target = PRESETS["rtx4090"]
+    p = plan_target(config("lora.enabled=true", "data.max_length=2048", "train.effective_batch=16"),
+                    shape_from_config(seventy), target)
+    gpus = p.setup.processes
+    assert gpus > 1 and p.verdict.startswith(f"needs sharding over {gpus} GPUs"), p.verdict
+    assert p.price_per_hour == pytest.approx(gpus * target.price_per_hour)
+    assert p.host_budget_bytes == pytest.approx(gpus * target.host_memory_gib * GIB * SAFETY, rel=1e-6)
+    assert p.memory.host <= p.host_budget_bytes
+
+
 def test_7b_full_fine_tune_on_8_a100_40gb_needs_sharding():
     (node,) = targets_from_args("a100-40", gpus=8)
     p = plan_target(seven_b_config("train.effective_batch=8"), shape_from_config(llama2_7b()), node)
