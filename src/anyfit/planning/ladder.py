@@ -133,6 +133,7 @@ class _Option:
     processes: int
     tier: tuple[int, int]  # (method: 0 configured, 1 LoRA, 2 QLoRA; savers: 0 cheap, 1 CPU offload, 2 Adafactor)
     reduce: bool = False  # sharded: reduce-scatter every micro-batch (runtime.fsdp_reduce_every_micro_batch)
+    act_offload: bool = False  # model.activation_offload
 
 
 # The saver ladder, cheapest first:
@@ -140,6 +141,8 @@ class _Option:
 #   al. 2022, "8-bit Optimizers via Block-wise Quantization");
 # - checkpointing every 4th / 2nd / every layer: recomputes that share of the forward (1/3 of a full fine-tuning
 #   step, 1/2 with a frozen LoRA base);
+# - activation offload on top of checkpointing every layer (CUDA): the layer inputs checkpointing keeps go to host
+#   RAM, two PCIe copies per micro-batch (long sequences: what checkpointing alone cannot bring down);
 # - FSDP sharding: 1/N of everything, for the communication compute cannot hide (little over NVLink, a lot over
 #   PCIe); with accumulation, a reduce-scatter every micro-batch also drops the unsharded fp32 gradient;
 # - CPU offload: every weight crosses PCIe twice per micro-batch and the optimizer runs on the CPU.
@@ -189,6 +192,7 @@ class _Planner:
             optimizer = "adamw"
         self.optimizer = optimizer
         self.ckpt = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
+        self.act_offload = cfg.model.activation_offload
         sharding = cfg.runtime.sharding
         self.reduce = cfg.runtime.fsdp_reduce_every_micro_batch  # configured: kept; else the ladder may add it
         if sharding == "deepspeed":
@@ -227,7 +231,7 @@ class _Planner:
                 self.notes.append(note)
             sharding = "none"
         return _Option(self.method, self.ckpt, self.optimizer, sharding, processes or self.procs, (0, 0),
-                       self.reduce and sharding != "none")
+                       self.reduce and sharding != "none", self.act_offload)
 
     def options(self, method: str, rank: int, processes: int, shardings: tuple[str, ...] | None = None) -> list[_Option]:
         """The saver combinations for ``method`` (``rank``: 0 the configured method, 1 LoRA, 2 QLoRA), in ladder
@@ -265,8 +269,12 @@ class _Planner:
         def reduces(sharding: str) -> tuple[bool, ...]:
             return (False,) if sharding == "none" else (True,) if self.reduce else (False, True)
 
-        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt)), red)
-                for opt in optimizers for sh in allowed(opt) for red in reduces(sh) for k in unique]
+        def offloads(k: int) -> tuple[bool, ...]:  # a configured offload is kept; else only with full checkpointing
+            return (True,) if self.act_offload else (False, True) if self.cuda and k == 1 else (False,)
+
+        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt)), red, off)
+                for opt in optimizers for sh in allowed(opt) for red in reduces(sh) for k in unique
+                for off in offloads(k)]
 
     def fit(self, option: _Option) -> tuple[Setup, MemoryEstimate] | None:
         """The largest micro-batch that fits ``option`` (the rule micro_batch=auto follows, with estimated
@@ -279,7 +287,7 @@ class _Planner:
         def setup(micro: int) -> Setup:
             return setup_for(cfg, method=method, device=self.target.device, precision=precision, micro_batch=micro,
                              processes=option.processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
-                             sharding=option.sharding, reduce_every=option.reduce)
+                             sharding=option.sharding, reduce_every=option.reduce, activation_offload=option.act_offload)
 
         def peak(m: int) -> int:
             return estimate_memory(self.shape, setup(m), overhead_gib=self.overhead_gib).peak
@@ -324,7 +332,8 @@ class _Planner:
 
 
 _REDUCE_EVERY = "reduce-scatter every micro-batch"
-_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY)
+_ACT_OFFLOAD = "activation offload"
+_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY, _ACT_OFFLOAD)
 
 
 def _verdict(setup: Setup, configured: _Option) -> str:
@@ -349,6 +358,8 @@ def _verdict(setup: Setup, configured: _Option) -> str:
     ckpt = setup.checkpoint_every if setup.gradient_checkpointing else 0
     if ckpt != configured.ckpt:
         added.append("gradient checkpointing" if ckpt == 1 else f"checkpointing every {ckpt} layers")
+    if setup.activation_offload and not configured.act_offload:
+        added.append(_ACT_OFFLOAD)
     if not added:
         return "fits"
     if all(a.startswith(_CHEAP) or a == "gradient checkpointing" for a in added):

@@ -156,18 +156,21 @@ class Setup:
 
 def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
               checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none",
-              reduce_every: bool | None = None) -> Setup:
+              reduce_every: bool | None = None, activation_offload: bool | None = None) -> Setup:
     """``cfg`` run as ``method`` (full | lora | qlora) on ``device`` in ``precision``, at ``micro_batch`` per
     process over ``processes``: the one place config keys become the planner's ``Setup``.
 
     ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's),
-    ``sharding`` (none | fsdp | offload) and ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch; default:
-    the config's) are what the saver ladder varies. Weights are sized as model loading loads them (the runtime
+    ``sharding`` (none | fsdp | offload), ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch) and
+    ``activation_offload`` (model.activation_offload; both default to the config's) are what the saver ladder
+    varies. Weights are sized as model loading loads them (the runtime
     policy's ``weight_dtype``); the accumulation keeps the effective batch."""
     if checkpoint_every is None:
         checkpoint_every = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
     if reduce_every is None:
         reduce_every = cfg.runtime.fsdp_reduce_every_micro_batch
+    if activation_offload is None:
+        activation_offload = cfg.model.activation_offload
     per_process = cfg.train.effective_batch // processes
     return Setup(method=method, device=device, precision=precision,
                  weight_bytes=weight_dtype(cfg.model.dtype, method != "full", device, precision).itemsize,
@@ -177,7 +180,7 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
-                 fsdp_unsharded_accumulation=not reduce_every, activation_offload=cfg.model.activation_offload)
+                 fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload)
 
 
 def config_overrides(s: Setup) -> list[str]:

@@ -62,28 +62,33 @@ def test_checkpointing_every_second_layer_keeps_gradients(tiny_qwen2_dir):
         torch.testing.assert_close(a, b)
 
 
+@pytest.fixture
+def moved(monkeypatch) -> list[torch.Tensor]:
+    """The tensors model.activation_offload moves to host RAM, every size (the tiny model's are a few KB)."""
+    from anyfit.model import offload
+
+    monkeypatch.setattr(offload, "MIN_BYTES", 0)
+    out: list[torch.Tensor] = []
+    pack = offload._ToHost._pack
+
+    def counting(self, t):
+        packed = pack(self, t)
+        if not isinstance(packed, torch.Tensor):
+            out.append(t)
+        return packed
+
+    monkeypatch.setattr(offload._ToHost, "_pack", counting)
+    return out
+
+
 @pytest.mark.parametrize("extra, autocast", [
     ([], False), ([], True), (["model.gradient_checkpointing=true"], True), (["lora.enabled=true"], False),
     (["lora.enabled=true", "model.gradient_checkpointing=true", "model.checkpoint_every=2"], False),
 ], ids=["full", "full-autocast", "full-ckpt-autocast", "lora", "lora-ckpt2"])
-def test_activation_offload_moves_activations_not_weights_and_changes_nothing(extra, autocast, tiny_llama_dir,
-                                                                              monkeypatch):
+def test_activation_offload_moves_activations_not_weights_and_changes_nothing(extra, autocast, tiny_llama_dir, moved):
     """model.activation_offload: the same loss and gradients bit for bit (a copy out and back is exact), something
     moved, and never a weight, a view of one or autocast's bf16 copy of one (those would cost a model's worth of
     copies); evaluation moves nothing."""
-    from anyfit.model import offload
-
-    monkeypatch.setattr(offload, "MIN_BYTES", 0)  # the tiny model's activations are a few KB
-    moved: list[torch.Tensor] = []
-    pack = offload._ToHost._pack
-
-    def counting(self, t):
-        out = pack(self, t)
-        if not isinstance(out, torch.Tensor):
-            moved.append(t)
-        return out
-
-    monkeypatch.setattr(offload._ToHost, "_pack", counting)
     ids = torch.randint(0, 1000, (2, 13), generator=torch.Generator().manual_seed(0))  # 26 tokens: no weight's size
     results = []
     for on in ("false", "true"):
@@ -107,3 +112,31 @@ def test_activation_offload_moves_activations_not_weights_and_changes_nothing(ex
     with torch.no_grad():
         model(input_ids=ids)
     assert len(moved) == count
+
+
+def test_activation_offload_under_fsdp2_moves_activations_not_the_gathered_weights(tiny_llama_dir, moved):
+    """FSDP2 gathers each layer's weights into new parameters for its forward: those stay; the run is the same."""
+    import torch.distributed as dist
+
+    from anyfit.backends.fsdp import shard_model
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        ids = torch.randint(0, 1000, (2, 13), generator=torch.Generator().manual_seed(0))
+        results = []
+        for on in ("false", "true"):
+            cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "model.gradient_checkpointing=true",
+                                     f"model.activation_offload={on}"])
+            torch.manual_seed(0)
+            model = shard_model(load_model(cfg, resolve_runtime(cfg.runtime)), torch.float32, False,
+                                torch.device("cpu"))
+            model.train()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            results.append((loss.detach(), [p.grad.full_tensor() for p in model.parameters()]))
+    finally:
+        dist.destroy_process_group()
+    assert moved and not [t.shape for t in moved if isinstance(t, torch.nn.Parameter) or t._base is not None
+                          and isinstance(t._base, torch.nn.Parameter)]
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
