@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from anyfit.config import ConfigError
+
 # Tensors smaller than this stay (per-head statistics, rsqrt of a norm): a copy costs more than they hold.
 MIN_BYTES = 1 << 20
 
@@ -68,8 +70,6 @@ def body_of(model: nn.Module) -> nn.Module:
             if isinstance(child, nn.ModuleList) and len(child) > best and len({type(m) for m in child}) == 1:
                 best, owner = len(child), module
     if owner is None:
-        from anyfit.config import ConfigError
-
         raise ConfigError(f"model.activation_offload: no stack of decoder layers found in {type(model).__name__}; "
                           "set model.activation_offload=false.")
     return owner

@@ -328,6 +328,31 @@ def _forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_by
     return transient
 
 
+def _host_bytes(shape: ModelShape, setup: Setup, loaded: float, sharded_state: int, tokens: int,
+                notes: list[str]) -> int:
+    """Host RAM of the machine: the model as read, before moving or sharding it, and what is offloaded there.
+
+    Replicated, each process reads the whole model; sharded, only process 0 does, and the others receive their
+    shards from it (anyfit.backends.fsdp.shard_model), under offload into host RAM while it still holds it.
+    ``sharded_state``: all processes' weights, gradients, optimizer states and step temporaries (under offload)."""
+    n = setup.processes
+    host = int(n * loaded) if not setup.fsdp else int(loaded * (2 if setup.offload else 1))
+    if setup.method == "qlora":
+        host = 0  # QLoRA loads straight onto the GPU
+    if setup.offload:
+        host = max(host, sharded_state)
+        notes.append(f"CPU offload: sharded fp32 weights, gradients and optimizer states in host RAM "
+                     f"({sharded_state / GIB:.1f} GiB on the machine); the optimizer step runs on the CPU")
+    if setup.activation_offload and setup.device == "cuda":
+        moved = offloaded_activation_bytes(shape, setup, tokens)
+        host += n * moved
+        notes.append(f"activation offload: {moved / GIB:.1f} GiB of the decoder's saved tensors per process in host "
+                     f"RAM, copied out and back each micro-batch")
+    if setup.device in ("cpu", "mps"):
+        host = 0  # the device memory is the host memory: already in the peak
+    return host
+
+
 def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None = None,
                     eval_tokens: int | None = None) -> MemoryEstimate:
     """Peak memory per device (per rank) of one training step (see the module docstring for the policy assumed).
@@ -381,25 +406,9 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
         elif not setup.offload:
             accumulated = gradients
 
-    # --- host RAM: the model as read, before moving or sharding it; offloaded state ---
-    # Replicated, each process reads the whole model; sharded, only process 0 does, and the others receive their
-    # shards from it (anyfit.backends.fsdp.shard_model), under offload into host RAM while it still holds it.
-    host = int(n * loaded) if not setup.fsdp else int(loaded * (2 if setup.offload else 1))
-    if setup.method == "qlora":
-        host = 0  # QLoRA loads straight onto the GPU
-    if setup.offload:
-        offloaded = n * (weights + gradients + optimizer + step_temp)
-        host = max(host, offloaded)
-        notes.append(f"CPU offload: sharded fp32 weights, gradients and optimizer states in host RAM "
-                     f"({offloaded / GIB:.1f} GiB on the machine); the optimizer step runs on the CPU")
+    host = _host_bytes(shape, setup, loaded, n * (weights + gradients + optimizer + step_temp), tokens, notes)
+    if setup.offload:  # the sharded state is in host RAM (counted there), the optimizer step runs on the CPU
         weights = gradients = optimizer = step_temp = 0
-    if setup.activation_offload and setup.device == "cuda":
-        moved = offloaded_activation_bytes(shape, setup, tokens)
-        host += n * moved
-        notes.append(f"activation offload: {moved / GIB:.1f} GiB of the decoder's saved tensors per process in host "
-                     f"RAM, copied out and back each micro-batch")
-    if setup.device in ("cpu", "mps"):
-        host = 0  # the device memory is the host memory: already in the peak
 
     fwd_bwd = accumulated + activations + logits + transient
     step = gradients + step_temp
