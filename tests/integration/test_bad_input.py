@@ -67,7 +67,7 @@ def _case(name: str, tmp: Path, model: Path) -> tuple[list[str], str]:
         "config_micro_not_dividing": (base + ["train.effective_batch=6", "train.micro_batch=4"], "train.micro_batch"),
         "override_without_equals": (base + ["train.learning_rate"], "key=value"),
         "fp16_on_cpu": (base + ["runtime.device=cpu", "runtime.precision=fp16"], "runtime.precision"),
-        "qlora_on_cpu": (base + ["runtime.device=cpu", "lora.qlora=true"], "lora.qlora"),
+        "qlora_sharded": (base + ["lora.qlora=true", "runtime.sharding=fsdp"], "lora.qlora"),
         # the data
         "data_missing": (with_data(tmp / "absent.jsonl"), "absent.jsonl"),
         "data_empty": (with_data(raw("empty.jsonl", b"")), "empty.jsonl"),
@@ -114,7 +114,7 @@ def _case(name: str, tmp: Path, model: Path) -> tuple[list[str], str]:
 
 CASES = ["config_missing", "config_not_yaml", "config_a_list", "config_typo_key", "config_section_not_mapping",
          "config_wrong_type", "config_bad_choice", "config_zero_batch", "config_micro_not_dividing",
-         "override_without_equals", "fp16_on_cpu", "qlora_on_cpu", "data_missing", "data_empty", "data_not_utf8",
+         "override_without_equals", "fp16_on_cpu", "qlora_sharded", "data_missing", "data_empty", "data_not_utf8",
          "data_bad_json_line", "data_line_not_object", "data_missing_completion", "data_completion_not_text",
          "data_unknown_role", "data_messages_not_list", "data_is_a_directory", "data_fake_parquet",
          "data_all_too_long", "data_unknown_template", "data_field_map_to_missing_column", "data_fewer_than_a_batch",

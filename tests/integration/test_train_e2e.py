@@ -18,10 +18,17 @@ from anyfit.config import load_config
 from anyfit.training.loop import train
 
 
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("lora", [False, True, "qlora"], ids=["full", "lora", "qlora"])
 def test_loss_goes_down_and_output_reloads(lora, tiny_llama_dir, tmp_path):
+    """QLoRA too, on the CPU (bitsandbytes' 4-bit CPU kernels): the path CUDA runs, loading through reloading."""
+    if lora == "qlora":
+        from anyfit.hardware.runtime import bitsandbytes_cpu_problem
+
+        if bitsandbytes_cpu_problem():
+            pytest.skip(bitsandbytes_cpu_problem())
     data = write_dataset(tmp_path / "d.jsonl")
     extra = ["lora.enabled=true", "lora.dropout=0.0", "train.learning_rate=1e-2"] if lora else ["train.learning_rate=1e-2"]
+    extra += ["lora.qlora=true"] if lora == "qlora" else []
     cfg = config_for(tiny_llama_dir, data, tmp_path / "out", "train.effective_batch=8", "train.micro_batch=4",
                      "train.max_steps=30", "train.lr_schedule=constant", *extra)
     result = train(cfg)
@@ -41,7 +48,14 @@ def test_loss_goes_down_and_output_reloads(lora, tiny_llama_dir, tmp_path):
         from peft import PeftModel
 
         assert (out / "adapter_model.safetensors").is_file() and not (out / "model.safetensors").exists()
-        base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+        quantized = {}
+        if lora == "qlora":  # the adapter's base as training loaded it: NF4 with double quantization
+            from transformers import BitsAndBytesConfig
+
+            quantized = dict(device_map={"": "cpu"}, quantization_config=BitsAndBytesConfig(
+                load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=torch.float32))
+        base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, **quantized)
         reloaded = PeftModel.from_pretrained(base, out)
     else:
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

@@ -63,7 +63,8 @@ class LoraConfig:
     r: int = _f(16, "Adapter rank.")
     alpha: int = _f(32, "LoRA scaling numerator (the update is scaled by alpha / r).")
     dropout: float = _f(0.05, "Dropout on the adapter input.")
-    qlora: bool = _f(False, "Load the frozen base in 4-bit NF4 (bitsandbytes, CUDA only) and train LoRA on top.")
+    qlora: bool = _f(False, "Load the frozen base in 4-bit NF4 (bitsandbytes) and train LoRA on top. CUDA; also the "
+                     "CPU with bitsandbytes>=0.50 (slow: for checking a config), not MPS.")
     target_modules: list[str] | str = _f(
         "auto", "Module names to adapt, or 'auto' to find the attention and MLP projections from the "
         "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'.")

@@ -79,6 +79,25 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 DTYPE_PRECISION = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
+# bitsandbytes quantizes to NF4 and runs its 4-bit matmul, forward and backward, on the CPU in the releases checked
+# here (0.50: transformers' BitsAndBytesConfig loading, PEFT's LoRA on top, anyfit's tests); CUDA has had it since
+# 0.39. Slow on a CPU, and not what QLoRA is for there: it lets the QLoRA path run where anyfit's tests run.
+BNB_CPU = (0, 50)
+
+
+def bitsandbytes_cpu_problem() -> str:
+    """Why the installed bitsandbytes cannot run QLoRA on the CPU ('' when it can)."""
+    import re
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version("bitsandbytes")
+    except PackageNotFoundError:
+        return "bitsandbytes is not installed"
+    numbers = tuple(int(x) for x in re.findall(r"\d+", installed)[:2])
+    return "" if numbers >= BNB_CPU else f"bitsandbytes {installed} is installed"
+
+
 def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool = False,
                     inference: bool = False) -> RuntimePolicy:
     """Pick device, precision and batch workers from the config and the hardware; refuse impossible requests.
@@ -125,9 +144,13 @@ def resolve_runtime(cfg: RuntimeConfig, hw: Hardware | None = None, qlora: bool 
                           f"prototype in torch {torch.__version__.split('+')[0]} and anyfit does not support training "
                           "through it. Use runtime.compile=false (eager mode) on MPS.")
 
-    if qlora and device != "cuda":
-        raise ConfigError(f"lora.qlora=true needs a CUDA GPU (bitsandbytes 4-bit kernels), but the device is {device}. "
+    if qlora and device == "mps":
+        raise ConfigError("lora.qlora=true needs CUDA or the CPU (bitsandbytes' 4-bit kernels), but the device is mps. "
                           "Use plain LoRA (lora.qlora=false) here; on a Mac, LoRA in fp32 fits models up to ~3B in 16 GB.")
+    if qlora and device == "cpu" and (problem := bitsandbytes_cpu_problem()):
+        raise ConfigError(f"lora.qlora=true on the CPU needs bitsandbytes>={'.'.join(map(str, BNB_CPU))} (its 4-bit CPU "
+                          f"kernels), but {problem}: pip install 'bitsandbytes>={'.'.join(map(str, BNB_CPU))}', or use "
+                          "plain LoRA (lora.qlora=false).")
 
     precision = cfg.precision
     if precision == "auto":
@@ -216,7 +239,8 @@ def sharding_refusal(cfg: Config, device: str, precision: str, optimizer: str | 
     if device not in ("cuda", "cpu"):
         return f"FSDP2 needs a process group backend (NCCL on CUDA, gloo on CPU); {device} has none"
     if cfg.lora.qlora:
-        return "QLoRA's 4-bit weights are not sharded by anyfit"
+        return ("lora.qlora=true with sharding: QLoRA's 4-bit weights are not sharded by anyfit. Use "
+                "runtime.sharding=none, or plain LoRA (lora.qlora=false), which shards")
     if optimizer == "adafactor":
         # torch's Adafactor takes norms of whole rows and columns in place, which sharded (DTensor) weights
         # refuse ("in-place operations that require placement changes are not supported").

@@ -71,7 +71,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=policy.compute_dtype)
-        kwargs["device_map"] = {"": device_index}
+        kwargs["device_map"] = {"": device_index if policy.device == "cuda" else policy.device}
     try:
         model = _instantiate(src, kwargs, empty)
     except ValueError:

@@ -10,7 +10,13 @@ from typing import Any
 
 from anyfit.config import Config, ConfigError
 from anyfit.data.batching import BatchPlan, choose_micro_batch
-from anyfit.hardware.runtime import EIGHT_BIT_OPTIMIZERS, resolve_runtime, sharding_refusal
+from anyfit.hardware.runtime import (
+    BNB_CPU,
+    EIGHT_BIT_OPTIMIZERS,
+    bitsandbytes_cpu_problem,
+    resolve_runtime,
+    sharding_refusal,
+)
 from anyfit.model.shape import ModelShape
 from anyfit.planning.memory import MemoryEstimate, estimate_memory
 from anyfit.planning.presets import PCIE4_GBS, Target
@@ -181,9 +187,14 @@ class _Planner:
         self._blockers: dict[tuple[str, str], str] = {}
 
         method = "qlora" if cfg.lora.qlora else ("lora" if cfg.lora.enabled else "full")
-        self.requested = method
-        if method == "qlora" and not self.cuda:
-            self.notes.append("QLoRA needs CUDA (bitsandbytes); planned as LoRA here")
+        self.instead = ""  # why a QLoRA config is planned as LoRA on this target
+        if method == "qlora" and target.device == "mps":
+            self.instead = "QLoRA does not run on MPS"
+        elif method == "qlora" and target.device == "cpu" and bitsandbytes_cpu_problem():
+            self.instead = (f"QLoRA on the CPU needs bitsandbytes>={'.'.join(map(str, BNB_CPU))}: "
+                            f"{bitsandbytes_cpu_problem()}")
+        if self.instead:
+            self.notes.append(f"{self.instead}; planned as LoRA here")
             method = "lora"
         self.method = method
         optimizer = cfg.train.optimizer
@@ -456,8 +467,8 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
 
     option, setup, mem = chosen
     verdict = _verdict(setup, configured)
-    if p.requested != p.method:  # QLoRA asked for where bitsandbytes does not run: the plan is LoRA's
-        verdict = "needs LoRA (QLoRA needs CUDA)" + verdict.removeprefix("fits")
+    if p.instead:  # QLoRA asked for where bitsandbytes does not run: the plan is LoRA's
+        verdict = f"needs LoRA ({p.instead})" + verdict.removeprefix("fits")
     notes = p.notes
     if verdict == "fits" and cfg.model.gradient_checkpointing:
         without = p.fit(dataclasses.replace(configured, ckpt=0))

@@ -38,10 +38,17 @@ def test_impossible_requests_fail_fast(cfg, hw, needle):
         resolve_runtime(cfg, hw)
 
 
-def test_qlora_needs_cuda():
-    with pytest.raises(ConfigError, match="needs a CUDA GPU"):
+def test_qlora_needs_cuda_or_a_cpu_bitsandbytes(monkeypatch):
+    with pytest.raises(ConfigError, match="needs CUDA or the CPU"):
         resolve_runtime(RuntimeConfig(), MAC, qlora=True)
     assert resolve_runtime(RuntimeConfig(), T4, qlora=True).device == "cuda"
+    from anyfit.hardware import runtime
+
+    monkeypatch.setattr(runtime, "bitsandbytes_cpu_problem", lambda: "bitsandbytes 0.45.0 is installed")
+    with pytest.raises(ConfigError, match=r"on the CPU needs bitsandbytes>=0\.50.*0\.45\.0 is installed"):
+        resolve_runtime(RuntimeConfig(), CPU, qlora=True)
+    monkeypatch.setattr(runtime, "bitsandbytes_cpu_problem", lambda: "")
+    assert resolve_runtime(RuntimeConfig(), CPU, qlora=True).device == "cpu"
 
 
 def test_cpu_forced_on_a_gpu_machine():

@@ -315,8 +315,37 @@ def test_escalation_ladder():
 
 def test_qlora_config_is_planned_as_lora_off_cuda():
     p = plan_target(config("lora.qlora=true"), shape_from_config(qwen25_05b()), PRESETS["m-36"])
-    assert p.setup.method == "lora" and any("QLoRA needs CUDA" in n for n in p.notes)
-    assert p.verdict.startswith("needs LoRA (QLoRA needs CUDA)")  # not "fits": the plan is another method's
+    assert p.setup.method == "lora" and any("QLoRA does not run on MPS" in n for n in p.notes)
+    assert p.verdict.startswith("needs LoRA (QLoRA does not run on MPS)")  # not "fits": another method's plan
+
+
+def test_qlora_weights_are_what_bitsandbytes_holds(tiny_llama_dir):
+    """The planner's QLoRA weights (NF4 with double quantization for the body's linears, the rest in fp32, fp32
+    adapters) against a real QLoRA model loaded by anyfit on the CPU: packed 4-bit data, absmax and nested constants
+    counted. The planner leaves out each quantized tensor's lookup tables (16 + 256 fp32 values): at most ~1.1 KB a
+    tensor, nothing on a real model."""
+    from anyfit.hardware.runtime import bitsandbytes_cpu_problem, resolve_runtime
+    from anyfit.model.loading import load_model
+    from anyfit.planning.memory import _weights
+    from anyfit.planning.setup import setup_for as run_setup
+
+    if bitsandbytes_cpu_problem():
+        pytest.skip(bitsandbytes_cpu_problem())
+    cfg = config("lora.enabled=true", "lora.qlora=true", name=str(tiny_llama_dir))
+    policy = resolve_runtime(cfg.runtime, qlora=True)
+    model = load_model(cfg, policy)
+
+    def held(p) -> int:
+        q = getattr(p, "quant_state", None)
+        extra = 0 if q is None else q.absmax.nbytes + q.code.nbytes + (
+            q.state2.absmax.nbytes + q.state2.code.nbytes + 4 if q.nested else 0)
+        return p.nbytes + extra
+
+    quantized = sum(getattr(p, "quant_state", None) is not None for p in model.parameters())
+    real = sum(held(p) for p in model.parameters())
+    setup = run_setup(cfg, method="qlora", device="cpu", precision=policy.precision, micro_batch=1)
+    estimate = _weights(model_shape(cfg.model), setup, [])[0]
+    assert quantized > 0 and 0 <= real - estimate <= 1100 * quantized, (real, estimate, quantized)
 
 
 def test_qlora_too_big_for_one_gpu_of_a_node_is_planned_as_sharded_lora():
