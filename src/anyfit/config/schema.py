@@ -65,6 +65,10 @@ class LoraConfig:
     dropout: float = _f(0.05, "Dropout on the adapter input.")
     qlora: bool = _f(False, "Load the frozen base in 4-bit NF4 (bitsandbytes) and train LoRA on top. CUDA; also the "
                      "CPU with bitsandbytes>=0.50 (slow: for checking a config), not MPS.")
+    qlora_upcast: bool = _f(
+        True, "QLoRA: cast the weights that stay unquantized (embeddings, output head, norms) to fp32, as PEFT's "
+        "prepare_model_for_kbit_training does. false keeps them in the compute dtype (bf16), as torchtune and LitGPT "
+        "do: 2 bytes less per such weight and a bf16 residual stream (anyfit plan counts both).")
     target_modules: list[str] | str = _f(
         "auto", "Module names to adapt, or 'auto' to find the attention and MLP projections from the "
         "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'.")

@@ -155,7 +155,7 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     from peft import get_peft_model, prepare_model_for_kbit_training
 
     targets = find_lora_targets(model, cfg.target_modules)
-    if cfg.qlora:
+    if cfg.qlora and cfg.qlora_upcast:  # its fp32 cast of the unquantized weights (get_peft_model freezes the base)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
                               bias="none", task_type="CAUSAL_LM")

@@ -86,10 +86,10 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     layer is recomputed at a time during the backward pass.
     """
     a = BYTES[setup.precision]  # compute dtype
-    # The residual stream has the embedding's dtype: the weight dtype, except QLoRA (PEFT upcasts
-    # non-quantized weights to fp32) and FSDP2 mixed precision (the gathered embedding is already in the
+    # The residual stream has the embedding's dtype: the weight dtype, except QLoRA with lora.qlora_upcast (PEFT
+    # upcasts non-quantized weights to fp32) and FSDP2 mixed precision (the gathered embedding is already in the
     # compute dtype). Adding a bf16 branch to an fp32 residual stays fp32.
-    rs = 4 if setup.method == "qlora" else setup.compute_weight_bytes
+    rs = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.compute_weight_bytes
     casts = a < rs  # autocast casts each linear's input
     h, inter, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
     repeat_kv = setup.padding and setup.device != "mps"  # torch >= 2.13 MPS takes GQA with a mask
@@ -226,9 +226,11 @@ def _weights(shape: ModelShape, setup: Setup, notes: list[str]) -> tuple[float, 
     """(bytes of the loaded model, trainable parameters, bytes per gradient, whether the head trains)."""
     if setup.method == "qlora":
         quantized = shape.body_linear_params
-        loaded = quantized * NF4_BYTES_PER_PARAM + (shape.params - quantized) * 4  # PEFT upcasts the rest to fp32
+        rest = 4 if setup.qlora_upcast else setup.weight_bytes
+        loaded = quantized * NF4_BYTES_PER_PARAM + (shape.params - quantized) * rest
         notes.append("QLoRA: body linears in NF4 (0.52 B/param with constants); embeddings, head and norms "
-                     "upcast to fp32 by PEFT's prepare_model_for_kbit_training")
+                     + ("upcast to fp32 by PEFT's prepare_model_for_kbit_training" if setup.qlora_upcast else
+                        f"kept in {rest} bytes (lora.qlora_upcast=false)"))
     else:
         loaded = shape.params * setup.weight_bytes
     if setup.lora:

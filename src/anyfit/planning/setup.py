@@ -81,6 +81,7 @@ class Setup:
     checkpoint_every: int = 1  # model.checkpoint_every: with checkpointing, every N-th decoder layer recomputes
     offload: bool = False  # runtime.fsdp_offload: FSDP2 CPU offload of sharded weights, gradients and states
     activation_offload: bool = False  # model.activation_offload: the decoder body's saved tensors in host RAM
+    qlora_upcast: bool = True  # lora.qlora_upcast: QLoRA's unquantized weights (and so the residual stream) in fp32
     # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.step.backward_window): no
     # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank; off
     # with runtime.fsdp_reduce_every_micro_batch (a reduce-scatter per micro-batch, only shards persist).
@@ -180,7 +181,8 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
-                 fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload)
+                 fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload,
+                 qlora_upcast=cfg.lora.qlora_upcast)
 
 
 def config_overrides(s: Setup) -> list[str]:
@@ -188,6 +190,8 @@ def config_overrides(s: Setup) -> list[str]:
     out = [f"lora.enabled={str(s.lora).lower()}"]
     if s.method == "qlora":
         out.append("lora.qlora=true")
+        if not s.qlora_upcast:
+            out.append("lora.qlora_upcast=false")
     out.append(f"model.gradient_checkpointing={str(s.gradient_checkpointing).lower()}")
     if s.gradient_checkpointing:
         out.append(f"model.checkpoint_every={s.checkpoint_every}")

@@ -319,11 +319,14 @@ def test_qlora_config_is_planned_as_lora_off_cuda():
     assert p.verdict.startswith("needs LoRA (QLoRA does not run on MPS)")  # not "fits": another method's plan
 
 
-def test_qlora_weights_are_what_bitsandbytes_holds(tiny_llama_dir):
-    """The planner's QLoRA weights (NF4 with double quantization for the body's linears, the rest in fp32, fp32
-    adapters) against a real QLoRA model loaded by anyfit on the CPU: packed 4-bit data, absmax and nested constants
-    counted. The planner leaves out each quantized tensor's lookup tables (16 + 256 fp32 values): at most ~1.1 KB a
-    tensor, nothing on a real model."""
+@pytest.mark.parametrize("upcast", [True, False], ids=["upcast", "bf16-rest"])
+def test_qlora_weights_are_what_bitsandbytes_holds(upcast, tiny_llama_dir):
+    """The planner's QLoRA weights (NF4 with double quantization for the body's linears; the rest in fp32 as PEFT
+    casts it, or in bf16 with lora.qlora_upcast=false; fp32 adapters) and its residual-stream dtype, against a real
+    QLoRA model loaded by anyfit on the CPU in bf16 (the policy generation gets there), one forward and backward run.
+    Packed 4-bit data, absmax and nested constants counted; the planner leaves out each quantized tensor's lookup
+    tables (16 + 256 fp32 values): at most ~1.1 KB a tensor, nothing on a real model."""
+    from anyfit.config import RuntimeConfig
     from anyfit.hardware.runtime import bitsandbytes_cpu_problem, resolve_runtime
     from anyfit.model.loading import load_model
     from anyfit.planning.memory import _weights
@@ -331,8 +334,9 @@ def test_qlora_weights_are_what_bitsandbytes_holds(tiny_llama_dir):
 
     if bitsandbytes_cpu_problem():
         pytest.skip(bitsandbytes_cpu_problem())
-    cfg = config("lora.enabled=true", "lora.qlora=true", name=str(tiny_llama_dir))
-    policy = resolve_runtime(cfg.runtime, qlora=True)
+    cfg = config("lora.enabled=true", "lora.qlora=true", f"lora.qlora_upcast={str(upcast).lower()}",
+                 "model.dtype=bfloat16", name=str(tiny_llama_dir))
+    policy = resolve_runtime(RuntimeConfig(precision="bf16"), qlora=True, inference=True)
     model = load_model(cfg, policy)
 
     def held(p) -> int:
@@ -343,9 +347,18 @@ def test_qlora_weights_are_what_bitsandbytes_holds(tiny_llama_dir):
 
     quantized = sum(getattr(p, "quant_state", None) is not None for p in model.parameters())
     real = sum(held(p) for p in model.parameters())
-    setup = run_setup(cfg, method="qlora", device="cpu", precision=policy.precision, micro_batch=1)
+    setup = run_setup(cfg, method="qlora", device="cpu", precision="bf16", micro_batch=1)
     estimate = _weights(model_shape(cfg.model), setup, [])[0]
     assert quantized > 0 and 0 <= real - estimate <= 1100 * quantized, (real, estimate, quantized)
+    rest = {p.dtype for p in model.parameters() if p.dtype != torch.uint8 and not p.requires_grad}
+    assert rest == {torch.float32 if upcast else torch.bfloat16}
+    ids = torch.randint(0, 1000, (2, 8), generator=torch.Generator().manual_seed(0))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=ids, labels=ids, output_hidden_states=True)
+    out.loss.backward()
+    assert torch.isfinite(out.loss) and all(p.grad is not None for p in model.parameters() if p.requires_grad)
+    stream = 4 if upcast else 2  # the residual stream's dtype, as activation_bytes assumes it
+    assert {h.element_size() for h in out.hidden_states[1:-1]} == {stream}
 
 
 def test_qlora_too_big_for_one_gpu_of_a_node_is_planned_as_sharded_lora():
