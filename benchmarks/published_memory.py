@@ -95,13 +95,23 @@ class Row:
     excluded: str = ""  # "not expressible: <why>"; such rows stay out of the statistics
 
 
+# Why the resource tables' FSDP rows are not a training step's peak (read in the script of that period).
+RT_FSDP_START = ("not expressible: a start-up peak. finetune/lora.py of that period (read at 0010d8ef; 8641822 is "
+                 "not stored here) builds the whole bf16 model on every GPU before FSDP shards it "
+                 "(fabric.init_module(empty_init=False), then setup_module) and loads the checkpoint through a full "
+                 "state dict (fabric.load_raw, state_dict_type='full'), so each GPU's max_memory_allocated holds the "
+                 "unsharded model at start; anyfit's process 0 reads it, the others receive shards, and the plan is "
+                 "the training step's")
+
+
 def rt(model: str, method: str, gb: float, micro: int, procs: int = 1, quant: str = "") -> Row:
     """A LitGPT resource-tables row: finetune/lora.py of 10/2023 (r=8 alpha=16 dropout=0.05 on q and v, batch 128,
     bf16-true, torch AdamW or bnb PagedAdamW (32-bit) when quantized; FSDP with Block checkpointing on >1 GPU)."""
     return Row("litgpt-rt", model, method, gb, "GB", "max_memory_allocated", micro, 1304, batch=128, procs=procs,
                fsdp=procs > 1, ckpt=procs > 1, quant=quant,
                assumed="seq 1304 (the longest Llama 2 Alpaca example the page states; the page does not say the "
-                       "peak batch held it)", notes=LITGPT_QLORA if method == "qlora" else "")
+                       "peak batch held it)", notes=LITGPT_QLORA if method == "qlora" else "",
+               excluded=RT_FSDP_START if procs > 1 else "")
 
 
 def hub(model: str, method: str, gb: float, micro: int, batch: int, r: int = 32, targets: list[str] | None = None,
@@ -219,10 +229,10 @@ def build() -> tuple[list[list[str]], list[str]]:
 
 
 READING = [
-    "LitGPT FSDP LoRA rows (#8-#11, ratio 0.27-0.48): the published per-GPU peak on 2 or 4 GPUs is the single-GPU "
-    "peak or more (22.18 GB on 2 GPUs vs 21.30 GB on 1), while the planner divides the frozen weights by the shard "
-    "count. Either that FSDP1 setup did not shard the frozen base in effect, or max_memory_allocated caught a "
-    "load-time peak (full state dict, state_dict_type='full'); the source does not say which, so unverified.",
+    "LitGPT's FSDP LoRA rows (#8-#11) are left out since 2026-11-26 (they read 0.27-0.48 before): their per-GPU "
+    "peak on 2 or 4 GPUs is the single-GPU peak or more (22.18 GB on 2 GPUs vs 21.30 GB on 1) because the script "
+    "of that period put the whole unsharded model on every GPU at start (the rows' note says where); that is its "
+    "loader's peak, not the sharded step the planner estimates, and anyfit's loader does not do it.",
     "QLoRA rows (0.84-1.01 since 2026-11-26; 0.74-0.83, every one low, before): bitsandbytes' MatMul4Bit saves its "
     "input A for backward whenever the input needs a gradient (ctx.tensors = (A, B)), so each NF4 linear keeps its "
     "bf16 input, frozen or not; the planner counted none. It now does (planning/memory.py, _four_bit_inputs: one "
