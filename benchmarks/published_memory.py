@@ -25,7 +25,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from transformers import GemmaConfig, LlamaConfig, MistralConfig
+from model_sizes import MODELS  # run from benchmarks/: the model table the comparisons share
 
 from anyfit.config import load_config
 from anyfit.model.shape import ModelShape, shape_from_config
@@ -45,23 +45,6 @@ SOURCES = {
                   "settings from config_hub/finetune/<model>/<method>.yaml at 26857050 and litgpt/finetune/*.py at "
                   "00af8b0d",
     "torchtune": "pytorch/torchtune README.md (commit 0031bfb), 'Memory and training speed'",
-}
-
-# Model sizes, from Lightning-AI/litgpt litgpt/config.py (Config defaults: n_embd 4096, n_head 32). Padded vocabularies,
-# as LitGPT builds them. Untied heads except Gemma.
-MODELS: dict[str, object] = {
-    "Llama-2-7B": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                              num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False),
-    "Llama-2-13B": LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824, num_hidden_layers=40,
-                               num_attention_heads=40, num_key_value_heads=40, tie_word_embeddings=False),
-    "Llama-3-8B": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                              num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
-    "Mistral-7B-v0.1": MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                     num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
-    "TinyLlama-1.1B": LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
-                                  num_attention_heads=32, num_key_value_heads=4, tie_word_embeddings=False),
-    "Gemma-2B": GemmaConfig(vocab_size=256000, hidden_size=2048, intermediate_size=16384, num_hidden_layers=18,
-                            num_attention_heads=8, num_key_value_heads=1, head_dim=256, tie_word_embeddings=True),
 }
 
 QV = ["q_proj", "v_proj"]  # LitGPT lora_query + lora_value

@@ -31,8 +31,8 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from published_memory import write_section  # the section writer both comparisons share (run from benchmarks/)
-from transformers import LlamaConfig
+from model_sizes import MODELS  # run from benchmarks/: the model table and the section writer the comparisons share
+from published_memory import write_section
 
 from anyfit.config import load_config
 from anyfit.model.shape import ModelShape, shape_from_config
@@ -58,19 +58,6 @@ SOURCES = {
                "'Throughput (T/s/GPU)'; MPT-7B sizes from scripts/train/yamls/pretrain/mpt-7b.yaml",
     "a6000-peak": "RTX A6000 154.8 TFLOP/s FP16/BF16 dense tensor, 768 GB/s "
                   "(https://llmperf.net/categories/gpu/Nvidia-A6000-GPUs, citing Microway's Ampere comparison)",
-}
-
-MODELS: dict[str, object] = {
-    "Llama-3.1-8B": LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-                                num_attention_heads=32, num_key_value_heads=8, tie_word_embeddings=False),
-    "Llama-3.1-70B": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                                 num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False),
-    "Llama-3.2-3B": LlamaConfig(vocab_size=128256, hidden_size=3072, intermediate_size=8192, num_hidden_layers=28,
-                                num_attention_heads=24, num_key_value_heads=8, tie_word_embeddings=True),
-    # MPT-7B (d 4096, 32 layers, 32 heads, GELU MLP of 4d, vocab 50368, tied): written as a Llama whose gated MLP
-    # has the same weights (3 x 4096 x 10923 ~ 2 x 4096 x 16384), so the matmul FLOPs match.
-    "MPT-7B": LlamaConfig(vocab_size=50368, hidden_size=4096, intermediate_size=10923, num_hidden_layers=32,
-                          num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=True),
 }
 
 QV = ["q_proj", "v_proj"]

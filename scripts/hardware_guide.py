@@ -1,11 +1,12 @@
 """The README's 'What fits where' table: `anyfit plan`'s verdict for the hardware guide's machines (a Mac with 128 GB,
 an RTX 4090, an A100 80 GB, 8x L40S) on 7B, 13B and 70B models, full / LoRA / QLoRA. Model sizes are written out
-(the models' config.json values), so nothing is downloaded; `scripts/update_readme.py` writes the table and
+(benchmarks/model_sizes.py), so nothing is downloaded; `scripts/update_readme.py` writes the table and
 tests/unit/planning/test_hardware_guide.py checks it is current."""
 
 from __future__ import annotations
 
-from transformers import LlamaConfig
+import sys
+from pathlib import Path
 
 from anyfit.config import load_config
 from anyfit.model.shape import shape_from_config
@@ -14,17 +15,13 @@ from anyfit.planning.presets import PRESETS
 from anyfit.planning.time import duration_text
 from anyfit.units import GIB
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from model_sizes import MODELS as SIZES  # noqa: E402  (benchmarks/ is not a package)
+
 MACHINES = ("m-128", "rtx4090", "a100-80", "8xl40s")
-MODELS = {
-    "7B (Llama-2-7B)": LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                                   num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False),
-    "13B (Llama-2-13B)": LlamaConfig(vocab_size=32000, hidden_size=5120, intermediate_size=13824,
-                                     num_hidden_layers=40, num_attention_heads=40, num_key_value_heads=40,
-                                     tie_word_embeddings=False),
-    "70B (Llama-3.1-70B)": LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672,
-                                       num_hidden_layers=80, num_attention_heads=64, num_key_value_heads=8,
-                                       tie_word_embeddings=False),
-}
+# The hardware guide's sizes, as the published comparisons write them out (benchmarks/model_sizes.py).
+MODELS = {f"{size} ({name})": SIZES[name]
+          for size, name in (("7B", "Llama-2-7B"), ("13B", "Llama-2-13B"), ("70B", "Llama-3.1-70B"))}
 METHODS = {"full": ["lora.enabled=false"], "LoRA": ["lora.enabled=true"],
            "QLoRA": ["lora.enabled=true", "lora.qlora=true"]}
 RUN = ["data.max_length=2048", "train.effective_batch=16"]  # everything else: anyfit's defaults

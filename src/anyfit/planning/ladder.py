@@ -190,9 +190,8 @@ class _Planner:
         self.instead = ""  # why a QLoRA config is planned as LoRA on this target
         if method == "qlora" and target.device == "mps":
             self.instead = "QLoRA does not run on MPS"
-        elif method == "qlora" and target.device == "cpu" and bitsandbytes_cpu_problem():
-            self.instead = (f"QLoRA on the CPU needs bitsandbytes>={'.'.join(map(str, BNB_CPU))}: "
-                            f"{bitsandbytes_cpu_problem()}")
+        elif method == "qlora" and target.device == "cpu" and (problem := bitsandbytes_cpu_problem()):
+            self.instead = f"QLoRA on the CPU needs bitsandbytes>={'.'.join(map(str, BNB_CPU))}: {problem}"
         if self.instead:
             self.notes.append(f"{self.instead}; planned as LoRA here")
             method = "lora"

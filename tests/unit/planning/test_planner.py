@@ -54,6 +54,11 @@ def qwen25_05b() -> Qwen2Config:
                        num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)
 
 
+def llama31_70b() -> LlamaConfig:
+    return LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                       num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False)
+
+
 def llama2_7b() -> LlamaConfig:
     return LlamaConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                        num_attention_heads=32, num_key_value_heads=32, tie_word_embeddings=False)
@@ -363,10 +368,8 @@ def test_qlora_weights_are_what_bitsandbytes_holds(upcast, tiny_llama_dir):
 
 def test_qlora_too_big_for_one_gpu_of_a_node_is_planned_as_sharded_lora():
     """QLoRA is not sharded; on 8 GPUs whose one cannot hold the 4-bit 70B, sharded LoRA does (not 'a bigger GPU')."""
-    seventy = LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                          num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False)
     p = plan_target(config("lora.qlora=true", "data.max_length=2048", "train.effective_batch=16"),
-                    shape_from_config(seventy), PRESETS["8xl40s"])
+                    shape_from_config(llama31_70b()), PRESETS["8xl40s"])
     assert p.verdict.startswith("needs LoRA with sharding over 8 GPUs")
     assert p.setup.method == "lora" and p.setup.fsdp and p.setup.processes == 8
 
@@ -580,11 +583,9 @@ def seven_b_config(*overrides: str):
 
 def test_a_plan_over_more_gpus_than_the_target_has_prices_and_budgets_them_all():
     """A one-GPU preset whose run needs 16 GPUs of its kind: the host RAM budget and the price are 16 GPUs' worth."""
-    seventy = LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                          num_attention_heads=64, num_key_value_heads=8, tie_word_embeddings=False)
     target = PRESETS["rtx4090"]
     p = plan_target(config("lora.enabled=true", "data.max_length=2048", "train.effective_batch=16"),
-                    shape_from_config(seventy), target)
+                    shape_from_config(llama31_70b()), target)
     gpus = p.setup.processes
     assert gpus > 1 and p.verdict.startswith(f"needs sharding over {gpus} GPUs"), p.verdict
     assert p.price_per_hour == pytest.approx(gpus * target.price_per_hour)
