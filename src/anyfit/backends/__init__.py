@@ -27,7 +27,7 @@ processes as wrote them (``continue_problem``); ``anyfit export`` reads any of t
 (``Backend.read_whole``).
 """
 
-from anyfit.backends.base import Backend, Loaded, local_numel
+from anyfit.backends.base import Backend, Loaded, local_bytes, local_numel
 from anyfit.backends.choose import choose_backend, continue_problem, writer_of
 
-__all__ = ["Backend", "Loaded", "choose_backend", "continue_problem", "local_numel", "writer_of"]
+__all__ = ["Backend", "Loaded", "choose_backend", "continue_problem", "local_bytes", "local_numel", "writer_of"]

@@ -148,6 +148,21 @@ def local_numel(tensors) -> int:
     return sum(held(t).numel() for t in tensors)
 
 
+def local_bytes(tensors) -> int:
+    """Bytes this process holds for ``tensors``: a tensor subclass (torchao's 8-bit optimizer states) counts
+    the plain tensors it is made of (codes and scales), not its nominal shape times its nominal dtype."""
+    from torch.distributed.tensor import DTensor
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    def size(t) -> int:
+        t = t.ds_tensor if hasattr(t, "ds_tensor") else t.to_local() if isinstance(t, DTensor) else t
+        if is_traceable_wrapper_subclass(t):
+            return sum(size(getattr(t, name)) for name in t.__tensor_flatten__()[0])
+        return t.numel() * t.element_size()
+
+    return sum(size(t) for t in tensors)
+
+
 def clip_gradients(accelerator, model, max_norm: float) -> torch.Tensor:
     """Clip the global gradient norm (over all processes' shards when sharded); returns the norm before clipping."""
     norm = accelerator.clip_grad_norm_(model.parameters(), max_norm)

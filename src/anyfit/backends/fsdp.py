@@ -11,7 +11,9 @@ and NCCL; Accelerate stays the launcher and keeps the process group, devices and
 
 Checkpoints of a sharded run are written with ``torch.distributed.checkpoint`` (each process writes its
 shards; a checkpoint written by N processes loads on M), the final model as one ordinary safetensors folder
-gathered on the main process.
+gathered on the main process. One exception: 8-bit AdamW's states (torchao's, ``train.optimizer=adamw_8bit``) are
+quantized per process in 256-value blocks of that process's shard, which DCP cannot cut again at other boundaries,
+so such a checkpoint continues under FSDP2 on as many processes as wrote it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from torch import nn
 
 from anyfit.backends.base import Backend, Loaded
@@ -28,7 +31,7 @@ from anyfit.backends.reading import load_weights, torch_load
 from anyfit.config import ConfigError
 from anyfit.hardware.memory import keep_host_heap_small, release_cached
 from anyfit.model.loading import load_model, shared_parameter_names
-from anyfit.runfolder import SHARDED_DIR
+from anyfit.runfolder import RUN_CONFIG, SHARDED_DIR
 
 
 class FSDP2(Backend):
@@ -40,6 +43,22 @@ class FSDP2(Backend):
     layout = "sharded (FSDP2)"
     folder = SHARDED_DIR
     sharded = True
+
+    def check_checkpoint(self, folder: Path, processes: int, writer: type[Backend]) -> str:
+        wrote = written_by(folder) if writer is FSDP2 and eight_bit_states(folder) else processes
+        if wrote != processes:
+            return (f"holds 8-bit AdamW states that {wrote} FSDP2 process(es) quantized block by block, each of its "
+                    f"own shard; they cannot be cut again for this run's {processes}. Launch {wrote} processes to "
+                    "continue it, or 'anyfit export' it and start a new run from its weights.")
+        return ""
+
+    @classmethod
+    def refuse_other(cls, folder: Path, reader: Backend) -> str:
+        if not eight_bit_states(folder):
+            return ""
+        return (f"holds 8-bit AdamW states that {written_by(folder)} FSDP2 process(es) quantized, each of its own "
+                f"shard; only FSDP2 on as many processes reads them. Set runtime.sharding=fsdp and launch "
+                f"{written_by(folder)}, or 'anyfit export' it and start a new run from its weights.")
 
     def load(self, cfg, policy, accelerator, resume_from: Path | None, say) -> Loaded:
         # Over several processes only process 0 reads the weights: the others build the model empty and
@@ -83,6 +102,21 @@ class FSDP2(Backend):
 
         # with no process group, one process plans and reads every process's slices into these very tensors
         dcp.load({"model": model.state_dict()}, checkpoint_id=str(folder / SHARDED_DIR))
+
+
+def eight_bit_states(folder: Path) -> bool:
+    """Whether a checkpoint's optimizer states are 8-bit (its config.yaml trained with adamw_8bit)."""
+    try:
+        saved = yaml.safe_load((folder / RUN_CONFIG).read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False
+    train = saved.get("train") if isinstance(saved, dict) else None
+    return isinstance(train, dict) and train.get("optimizer") == "adamw_8bit"
+
+
+def written_by(folder: Path) -> int:
+    """How many processes wrote a sharded checkpoint (DCP writes one ``__<rank>_0.distcp`` file per process)."""
+    return len(list((folder / SHARDED_DIR).glob("__*_0.distcp")))
 
 
 @contextlib.contextmanager

@@ -144,8 +144,9 @@ class TrainConfig:
     adam_eps: float = _f(1e-8, "AdamW epsilon.")
     optimizer: Literal["adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor"] = _f(
         "adamw", "adamw: torch's AdamW (fused where it can be). adamw_8bit / paged_adamw_8bit: bitsandbytes' 8-bit "
-        "states (CUDA only; paged moves them to host memory under pressure). adafactor: factored second moments, "
-        "no first moment: a fraction of AdamW's state on every device.")
+        "states (CUDA only; paged moves them to host memory under pressure); with runtime.sharding=fsdp, adamw_8bit "
+        "is torchao's (any device, sharded states; its checkpoints continue on as many processes as wrote them). "
+        "adafactor: factored second moments, no first moment: a fraction of AdamW's state (not with sharding).")
     lr_schedule: Literal["cosine", "linear", "constant"] = _f("cosine", "Decay after warmup.")
     warmup_steps: int = _f(0, "Linear warmup steps (overrides warmup_ratio when > 0).")
     warmup_ratio: float = _f(0.0, "Warmup as a fraction of the total steps.")

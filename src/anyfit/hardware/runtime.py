@@ -225,7 +225,7 @@ def weight_dtype(model_dtype: str, lora: bool, device: str, precision: str) -> t
 PRECISION_DTYPE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-# bitsandbytes' block-wise 8-bit AdamW: CUDA only (training.optim), not sharded (below), 2 B/param (planning.setup).
+# Block-wise 8-bit AdamW: bitsandbytes' on CUDA, torchao's under FSDP2 (training.optim), 2 B/param (planning.setup).
 EIGHT_BIT_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
 
@@ -247,11 +247,10 @@ def sharding_refusal(cfg: Config, device: str, precision: str, optimizer: str | 
         return ("train.optimizer=adafactor with sharding: torch's Adafactor cannot update sharded weights. "
                 "Use train.optimizer=adamw (sharding already divides its state by the process count) or "
                 "adamw_8bit on CUDA, or runtime.sharding=none.")
-    if optimizer in EIGHT_BIT_OPTIMIZERS:
-        # bitsandbytes quantizes its states block by block over whole tensors; sharded (DTensor) weights are
-        # not something it has been run on here, so it is refused rather than trusted.
-        return (f"train.optimizer={optimizer} with sharding is not supported by anyfit: use "
-                "train.optimizer=adamw (sharding already divides its state by the process count), or "
+    if optimizer == "paged_adamw_8bit":
+        # bitsandbytes pages whole, unsharded states; the sharded 8-bit AdamW is torchao's (training.optim)
+        return ("train.optimizer=paged_adamw_8bit with sharding: paged states are bitsandbytes' and unsharded. "
+                "Use train.optimizer=adamw_8bit (torchao's 8-bit states, sharded with the weights), or "
                 "runtime.sharding=none.")
     if precision == "fp16":
         return ("runtime.sharding with fp16: loss scaling of sharded gradients is not supported by anyfit. "

@@ -117,7 +117,6 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests;
     ``save_final=False`` skips writing the final model (a profiling run)."""
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
-    check_optimizer(cfg.train.optimizer, policy.device)
     trackers = requested_trackers(cfg.train.report_to)
     accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"))
     # one run per folder: the main process holds its lock until the run ends, so a second run started on the same
@@ -133,6 +132,7 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
     backend = choose_backend(cfg, policy, accelerator.num_processes, plan.micro_batch, plan.accumulation)
+    check_optimizer(cfg.train.optimizer, policy.device, backend.sharded)
     start = where_to_start(cfg, backend, accelerator, say)  # fresh, resumed or restarted, and whether it may
     resume_from, out = start.resume_from, start.out
     say(f"[anyfit] runtime: {policy.describe()}\n  - {backend.reason}")
@@ -156,7 +156,7 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     # the backend loads (and shards) the model, then wraps it with the optimizer it updates with
     loaded = backend.load(cfg, policy, accelerator, resume_from, say)
     optimizer = backend.optimizer(build_optimizer(loaded.model, cfg.train, policy.device,
-                                                  cfg.runtime.fused_optimizer), cfg, policy.device)
+                                                  cfg.runtime.fused_optimizer, backend.sharded), cfg, policy.device)
     scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
     model, optimizer = backend.wrap(loaded.model, optimizer, accelerator, say)
     model.train()
@@ -244,7 +244,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
                 kept = complete_checkpoints(run.out)  # listed, not verified: nothing may hide the diagnosis
                 raise TrainingDiverged(diagnosis(cfg, run.policy, done, str(kept[-1]) if kept else None))
             if log_now:
-                record = meter.line(acc, run.policy.device, step=done, lr=run.scheduler.get_last_lr()[0],
+                record = meter.line(acc, run.policy.device, step=done, lr=float(run.scheduler.get_last_lr()[0]),
                                     grad_norm=round(float(grad_norm), 6), epoch=round(step / steps_per_epoch, 4),
                                     skipped_steps=guard.skipped, micro_batch=run.stream.plan.micro_batch)
                 log.write(record)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from anyfit.backends import local_numel
+from anyfit.backends import local_bytes, local_numel
 from anyfit.hardware.runtime import versions
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
@@ -51,14 +51,16 @@ def describe_run(policy, sharding: str, plan, steps: int, report, trainable: int
 
 
 def record_held_per_process(out: Path, accelerator, model, optimizer, loaded: int) -> dict[str, list[int]]:
-    """Add to ``run_info.json`` how many parameter and optimizer-state elements each process holds (collective:
-    every process calls it), and how many parameter elements it read from the weights (``loaded``). Sharded,
-    each holds about 1/N and only process 0 read the model; replicated, each holds and read everything."""
+    """Add to ``run_info.json`` how many parameter and optimizer-state elements (and state bytes) each process
+    holds (collective: every process calls it), and how many parameter elements it read from the weights
+    (``loaded``). Sharded, each holds about 1/N and only process 0 read the model; replicated, each holds and read
+    everything."""
     states = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor) and v.ndim > 0]
-    mine = torch.tensor([local_numel(model.parameters()), local_numel(states), loaded], device=accelerator.device)
+    mine = torch.tensor([local_numel(model.parameters()), local_numel(states), loaded, local_bytes(states)],
+                        device=accelerator.device)
     every = accelerator.gather(mine.unsqueeze(0)).tolist()
     held = {"parameters": [row[0] for row in every], "optimizer_states": [row[1] for row in every],
-            "loaded_parameters": [row[2] for row in every]}
+            "loaded_parameters": [row[2] for row in every], "optimizer_state_bytes": [row[3] for row in every]}
     if accelerator.is_main_process:
         write_run_info(out, {**read_run_info(out), "held_per_process": held})
     return held

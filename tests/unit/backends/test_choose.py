@@ -35,7 +35,7 @@ def test_asked_for_or_not():
 @pytest.mark.parametrize("items,device,precision,needle", [
     (["runtime.sharding=fsdp"], "cuda", "fp16", "fp16"),
     (["runtime.sharding=fsdp", "train.optimizer=adafactor"], "cpu", "fp32", "adafactor"),
-    (["runtime.sharding=fsdp", "train.optimizer=adamw_8bit"], "cuda", "bf16", "adamw_8bit"),
+    (["runtime.sharding=fsdp", "train.optimizer=paged_adamw_8bit"], "cuda", "bf16", "train.optimizer=adamw_8bit"),
     (["runtime.sharding=fsdp", "eval.generate_at_end=true", "eval.holdout=4"], "cpu", "fp32", "anyfit eval"),
     (["runtime.sharding=none", "runtime.fsdp_offload=true"], "cuda", "bf16", "runtime.sharding=fsdp"),
     (["runtime.sharding=fsdp", "runtime.deepspeed_offload=true"], "cuda", "bf16", "runtime.sharding=deepspeed"),
@@ -51,6 +51,27 @@ def test_asked_for_or_not():
 def test_refused_combinations_say_what_to_do(items, device, precision, needle):
     with pytest.raises(ConfigError, match=needle):
         decide_sharding(_cfg(*items), device, precision, 2)
+
+
+def test_8bit_adamw_shards_with_fsdp_and_its_checkpoints_continue_on_as_many_processes(tmp_path):
+    """torchao's 8-bit states are quantized per process shard: FSDP2 with 8-bit AdamW is a run (any device), and
+    its checkpoint continues under FSDP2 on the process count that wrote it, refused otherwise in one line."""
+    from anyfit.backends import continue_problem
+    from anyfit.backends.replicated import Replicated
+
+    backend = choose_backend(_cfg("runtime.sharding=fsdp", "train.optimizer=adamw_8bit"),
+                             SimpleNamespace(device="cpu", precision="fp32", pin_memory=False), 2)
+    assert backend.sharded
+    folder = tmp_path / "checkpoint-4"
+    (folder / "sharded").mkdir(parents=True)
+    for rank in range(2):
+        (folder / "sharded" / f"__{rank}_0.distcp").write_bytes(b"")
+    (folder / "config.yaml").write_text("train: {optimizer: adamw_8bit}\n")
+    assert continue_problem(backend, folder, 2) == ""
+    assert "Launch 2 processes" in continue_problem(backend, folder, 4)
+    assert "runtime.sharding=fsdp and launch 2" in continue_problem(Replicated("none"), folder, 2)
+    (folder / "config.yaml").write_text("train: {optimizer: adamw}\n")  # fp32 states: DCP re-cuts them for any count
+    assert continue_problem(backend, folder, 4) == continue_problem(Replicated("none"), folder, 1) == ""
 
 
 def test_deepspeed_is_zero3_with_its_offload_when_asked():

@@ -46,6 +46,18 @@ def test_8bit_optimizers_are_refused_off_cuda_before_loading(name, tiny_llama_di
         check_optimizer(name, "cpu")
 
 
+def test_8bit_adamw_under_fsdp_is_torchaos_on_any_device_and_paged_stays_unsharded():
+    from anyfit.hardware.runtime import sharding_refusal
+    from anyfit.training.optim import check_optimizer
+
+    check_optimizer("adamw_8bit", "cpu", sharded=True)  # torchao's AdamW8bit: DTensor states, no CUDA needed
+    with pytest.raises(ConfigError, match="needs CUDA"):
+        check_optimizer("paged_adamw_8bit", "cpu", sharded=True)
+    cfg = load_config(None, ["model.name_or_path=unused", "runtime.sharding=fsdp"])
+    assert sharding_refusal(cfg, "cuda", "bf16", "adamw_8bit") == ""
+    assert "adamw_8bit (torchao" in sharding_refusal(cfg, "cuda", "bf16", "paged_adamw_8bit")
+
+
 def test_checkpointing_every_second_layer_keeps_gradients(tiny_qwen2_dir):
     ids = torch.randint(0, 1000, (2, 12), generator=torch.Generator().manual_seed(0))
     grads, flags = [], []
