@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -50,7 +52,11 @@ def test_8bit_adamw_under_fsdp_is_torchaos_on_any_device_and_paged_stays_unshard
     from anyfit.hardware.runtime import sharding_refusal
     from anyfit.training.optim import check_optimizer
 
-    check_optimizer("adamw_8bit", "cpu", sharded=True)  # torchao's AdamW8bit: DTensor states, no CUDA needed
+    if importlib.util.find_spec("torchao"):
+        check_optimizer("adamw_8bit", "cpu", sharded=True)  # torchao's AdamW8bit: DTensor states, no CUDA needed
+    else:  # an install without it (the lower-bounds job): what to install, in one line
+        with pytest.raises(ConfigError, match="pip install 'torchao"):
+            check_optimizer("adamw_8bit", "cpu", sharded=True)
     with pytest.raises(ConfigError, match="needs CUDA"):
         check_optimizer("paged_adamw_8bit", "cpu", sharded=True)
     cfg = load_config(None, ["model.name_or_path=unused", "runtime.sharding=fsdp"])
