@@ -12,6 +12,7 @@ architectures are built on PyTorch's meta device, which allocates nothing.
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 from anyfit.config import ConfigError, ModelConfig
@@ -139,7 +140,19 @@ def load_model_config(cfg: ModelConfig):
     try:
         config = AutoConfig.from_pretrained(src.path, gguf_file=src.gguf_file, revision=cfg.revision,
                                             trust_remote_code=cfg.trust_remote_code)
-    except (OSError, ValueError) as e:
+    except ValueError as e:
+        if "does not recognize this architecture" in str(e):  # a model_type this transformers does not know
+            import transformers
+
+            kind = re.search(r"model type `([^`]*)`", str(e))
+            raise ConfigError(f"The model config of {cfg.name_or_path!r} has model_type "
+                              f"{kind.group(1) if kind else '?'!r}, which transformers {transformers.__version__} "
+                              "does not know: upgrade transformers (pip install -U transformers), or set "
+                              "model.trust_remote_code=true if the model ships its own code.") from e
+        raise ConfigError(f"Cannot read the model config of {cfg.name_or_path!r} ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:200]}). Offline, point model.name_or_path at a local folder "
+                          "with config.json or a .gguf file.") from e
+    except OSError as e:
         raise ConfigError(f"Cannot read the model config of {cfg.name_or_path!r} ({type(e).__name__}: "
                           f"{str(e).splitlines()[0][:200]}). Offline, point model.name_or_path at a local folder "
                           "with config.json or a .gguf file.") from e

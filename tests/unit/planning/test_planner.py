@@ -804,7 +804,8 @@ def test_plan_command_prices_and_examples(tiny_llama_dir, capsys):
       "num_key_value_heads": 3, "vocab_size": 1000}, "num_key_value_heads"),
     ({"hidden_size": 128, "intermediate_size": 0, "num_hidden_layers": 2, "num_attention_heads": 4,
       "vocab_size": 1000}, "intermediate_size=0"),
-], ids=["missing", "heads", "kv-heads", "zero"])
+    ({"model_type": "not-a-transformers-model", "hidden_size": 128}, "model_type 'not-a-transformers-model'"),
+], ids=["missing", "heads", "kv-heads", "zero", "unknown-architecture"])
 def test_a_config_json_that_is_not_the_model_named_is_one_line(tmp_path, sizes, needle):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", **sizes}))
     with pytest.raises(ConfigError) as e:
