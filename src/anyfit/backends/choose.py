@@ -8,6 +8,7 @@ from pathlib import Path
 from anyfit.backends.base import Backend
 from anyfit.backends.fsdp import FSDP2
 from anyfit.backends.replicated import Replicated
+from anyfit.backends.sequence import sequence_parallel_problem
 from anyfit.backends.zero3 import ZeRO3, deepspeed_missing, deepspeed_refusal, engine_config
 from anyfit.config import Config, ConfigError
 from anyfit.hardware.runtime import sharding_refusal
@@ -23,6 +24,11 @@ def choose_backend(cfg: Config, policy, processes: int, micro_batch: int | None 
     """The backend this run uses, with the reason printed beside the runtime line; a setting it cannot honour
     is a ConfigError. ``micro_batch``/``accumulation``: the plan's, which DeepSpeed's engine fixes when built."""
     device, precision, mode = policy.device, policy.precision, cfg.runtime.sharding
+    if cfg.runtime.sequence_parallel > 1:  # refused before any weights load: the degree, the heads, the setting
+        shape = model_shape(cfg.model)
+        refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads)
+        if refusal:
+            raise ConfigError(refusal)
     if cfg.runtime.deepspeed_offload and mode != "deepspeed":
         raise ConfigError("runtime.deepspeed_offload=true needs runtime.sharding=deepspeed (FSDP2's offload is "
                           "runtime.fsdp_offload).")

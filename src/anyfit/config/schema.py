@@ -217,6 +217,10 @@ class RuntimeConfig:
         "(fully_shard per decoder layer). deepspeed: the same with DeepSpeed ZeRO-3, driven by anyfit's loop "
         "(needs the deepspeed extra). auto: what 'anyfit plan' recommends for this machine and process count "
         "(printed with its reason; never deepspeed). none: every process holds everything (DDP).")
+    sequence_parallel: int = _f(
+        1, "Split each sequence over this many processes (DeepSpeed's Ulysses: each process holds 1/N of a "
+        "sequence's activations; attention heads are exchanged with an all-to-all). Must divide the process count "
+        "and the attention heads; the remaining factor is data parallel. For examples too long for one device.")
     fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
                             "offload); slower, for models that do not fit in device memory even sharded.")
     deepspeed_offload: bool = _f(False, "With sharding=deepspeed: ZeRO-3 offload of parameters and optimizer "
@@ -288,6 +292,7 @@ def validate(cfg: Config) -> None:
         ("lora.r", cfg.lora.r, 1),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens, 1),
         ("runtime.profile_warmup", cfg.runtime.profile_warmup, 1),
+        ("runtime.sequence_parallel", cfg.runtime.sequence_parallel, 1),
     ]:
         if value < low:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")

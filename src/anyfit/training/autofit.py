@@ -58,21 +58,24 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
 
 
 def auto_micro_batch(backend: Backend, accelerator, model, examples: list[dict], plan: BatchPlan, collate_fn,
-                     loss_fn, device: str, memory_fraction: float, trainable_params: int, echo=print) -> BatchPlan:
+                     loss_fn, device: str, memory_fraction: float, trainable_params: int, echo=print,
+                     lockstep: bool = False) -> BatchPlan:
     """``train.micro_batch=auto``: measured, not guessed, on every process; all take the smallest choice.
 
     No gradient reduction during the probe, and the RNG is left as it was (resume stays exact). A sharded
     model gathers weights in every forward (a collective), so its processes probe in lockstep: each candidate
-    is judged by the largest peak of all processes, and each holds 1/N of the optimizer state.
+    is judged by the largest peak of all processes, and each holds 1/N of the optimizer state. ``lockstep``: the
+    forward is collective for another reason (sequence parallelism's all-to-all), judged the same way.
     """
     sharded = backend.sharded
+    lockstep = lockstep or sharded
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
     with backend.no_sync(accelerator, model), torch.random.fork_rng(devices=rng_devices):
         micro = probe_micro_batch(model, examples, plan, collate_fn, loss_fn, device,
                                   budget_bytes(device, memory_fraction),
                                   optimizer_bytes=8 * trainable_params // (accelerator.num_processes if sharded
                                                                             else 1),
-                                  echo=echo, agree=(lambda peak: _largest_of_all(accelerator, peak)) if sharded else None)
+                                  echo=echo, agree=(lambda peak: _largest_of_all(accelerator, peak)) if lockstep else None)
     micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
     plan = plan.with_micro_batch(micro)
     echo(f"[anyfit] micro_batch=auto chose {micro}: {plan.describe()}")

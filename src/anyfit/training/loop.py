@@ -23,6 +23,7 @@ from torch.profiler import record_function
 from tqdm.auto import tqdm
 
 from anyfit.backends import Backend, choose_backend
+from anyfit.backends.sequence import SequenceSplit, split_attention
 from anyfit.config import Config
 from anyfit.data.batching import (
     BatchPlan,
@@ -99,6 +100,7 @@ class Run:
     flops: ModelFlops | None = None  # model FLOPs of a window (for MFU; anyfit.profiling.flops)
     peak: DevicePeak | None = None  # one device's dense peak, what MFU is measured against
     save_final: bool = True  # False: `anyfit profile` (the steps are the product, not the model)
+    split: SequenceSplit = SequenceSplit()  # runtime.sequence_parallel: this process's part of each sequence
 
 
 def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
@@ -130,7 +132,9 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     from accelerate.utils import set_seed
 
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
-    plan = BatchPlan.from_config(cfg.train, accelerator.num_processes)
+    # runtime.sequence_parallel: groups of N processes share each sequence; the groups split the window's data
+    split = SequenceSplit.of(cfg.runtime.sequence_parallel, accelerator.process_index, accelerator.num_processes)
+    plan = BatchPlan.from_config(cfg.train, split.data_size)
     backend = choose_backend(cfg, policy, accelerator.num_processes, plan.micro_batch, plan.accumulation)
     check_optimizer(cfg.train.optimizer, policy.device, backend.sharded)
     start = where_to_start(cfg, backend, accelerator, say)  # fresh, resumed or restarted, and whether it may
@@ -139,7 +143,7 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is "
         f"loaded)" if cfg.train.micro_batch == "auto" else f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)
-    loss_fn = loss_fn or functools.partial(token_loss_sum, chunk_tokens=cfg.train.loss_chunk_tokens)
+    loss_fn = split.loss(loss_fn or functools.partial(token_loss_sum, chunk_tokens=cfg.train.loss_chunk_tokens))
 
     # data: one process per machine tokenizes into the token store (or finds it), every process maps it and
     # draws the same windows
@@ -150,11 +154,15 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     say(f"[anyfit] data: {data.report.summary()}")
     if data.eval_report:
         say(f"[anyfit] eval data: {data.eval_report.summary()}")
-    sampler = WindowSampler.of(data.examples, plan, accelerator.process_index, cfg.train.seed)
+    sampler = WindowSampler.of(data.examples, plan, split.data_rank, cfg.train.seed)
     steps = total_steps(cfg, sampler, say)
 
     # the backend loads (and shards) the model, then wraps it with the optimizer it updates with
     loaded = backend.load(cfg, policy, accelerator, resume_from, say)
+    if split.active:
+        split_attention(loaded.model, split.degree)
+        say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
+            f"{split.data_size} data-parallel group(s)")
     optimizer = backend.optimizer(build_optimizer(loaded.model, cfg.train, policy.device,
                                                   cfg.runtime.fused_optimizer, backend.sharded), cfg, policy.device)
     scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
@@ -165,13 +173,14 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     peak = device_peak(policy.device, policy.precision)
     if cfg.train.micro_batch == "auto":
         plan = sampler.plan = auto_micro_batch(backend, accelerator, model, data.examples, plan, collate_fn, loss_fn,
-                                               policy.device, cfg.runtime.memory_fraction, loaded.trainable, say)
+                                               policy.device, cfg.runtime.memory_fraction, loaded.trainable, say,
+                                               lockstep=split.active)
 
     run = Run(cfg, policy, backend, accelerator, model, optimizer, scheduler, tokenizer, data,
               StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
                          policy.pin_memory),
-              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn), loss_fn, out, steps, flops=flops, peak=peak,
-              save_final=save_final, loaded=loaded.read)
+              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split), loss_fn, out, steps, flops=flops,
+              peak=peak, save_final=save_final, loaded=loaded.read, split=split)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
         state = load_checkpoint(backend, accelerator, resume_from, model, optimizer, scheduler)
@@ -233,9 +242,11 @@ def run_steps(run: Run, say=print) -> TrainResult:
                 optimizer.zero_grad(set_to_none=True)
             done = step + 1
             guard.add(finite)
+            # a sequence-parallel group shares its examples: one of its processes counts their tokens and FLOPs
+            counts = run.split.counts()
             meter.add(loss_sum, finite, window_tokens,
-                      sum(len(run.data.examples[i]["input_ids"]) for idx in indices for i in idx),
-                      run.flops.of_window(sampler.lengths, sampler.trainable, indices) if run.flops else 0.0)
+                      counts * sum(len(run.data.examples[i]["input_ids"]) for idx in indices for i in idx),
+                      run.flops.of_window(sampler.lengths, sampler.trainable, indices) if run.flops and counts else 0.0)
             bar.update(1)
             log_now = done % cfg.train.log_every == 0 or done == run.steps
             if log_now:

@@ -13,6 +13,7 @@ import torch
 from tqdm.auto import tqdm
 
 from anyfit.backends import Backend
+from anyfit.backends.sequence import SequenceSplit
 from anyfit.config import Config
 from anyfit.data.batching import to_device
 from anyfit.data.prepare import TrainingData
@@ -23,12 +24,13 @@ GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_token
 
 @torch.no_grad()
 def validation_loss(backend: Backend, accelerator, model, examples: list[dict], micro_batch: int, collate_fn,
-                    loss_fn) -> float:
-    """Mean token loss over every trainable token of ``examples``, split over the processes. A sharded model
-    needs every process in every forward (weights are gathered layer by layer), so there each process runs
-    all examples and no reduction is needed."""
-    sharded = backend.sharded
-    mine = examples if sharded else examples[accelerator.process_index::accelerator.num_processes]
+                    loss_fn, split: SequenceSplit = SequenceSplit()) -> float:
+    """Mean token loss over every trainable token of ``examples``, split over the data-parallel groups. A sharded
+    model needs every process in every forward (weights are gathered layer by layer), so there each process
+    runs all examples; a sequence-parallel group runs the same examples, each process its part of them
+    (``loss_fn`` is the split one), and one process per group counts the tokens. The sums over all processes
+    then hold every example as often as every token count does."""
+    mine = examples if backend.sharded else examples[split.data_rank::split.data_size]
     mine = sorted(mine, key=lambda e: -len(e["input_ids"]))  # similar lengths together: less padding
     totals = torch.zeros(2, device=accelerator.device)
     was_training = model.training
@@ -38,20 +40,21 @@ def validation_loss(backend: Backend, accelerator, model, examples: list[dict], 
         for i in tqdm(starts, desc="validation", leave=False, disable=not accelerator.is_main_process or len(starts) < 20):
             batch = to_device(collate_fn(mine[i:i + micro_batch]), accelerator.device)
             totals[0] += loss_fn(model, batch).float()
-            totals[1] += batch["keep_targets"].numel()
+            totals[1] += batch["keep_targets"].numel() if split.counts() else 0
     finally:
         model.train(was_training)
         backend.after_eval(model)
-    if not sharded:
-        totals = accelerator.reduce(totals, reduction="sum")
+    totals = accelerator.reduce(totals, reduction="sum")
     return (totals[0] / totals[1].clamp(min=1)).item()
 
 
 class InTrainingEval:
     """When and what to evaluate during a run (``eval.*``); ``run`` returns the record to log, or None."""
 
-    def __init__(self, cfg: Config, data: TrainingData, tokenizer, collate_fn, loss_fn):
+    def __init__(self, cfg: Config, data: TrainingData, tokenizer, collate_fn, loss_fn,
+                 split: SequenceSplit = SequenceSplit()):
         self.cfg, self.data, self.tokenizer, self.collate_fn, self.loss_fn = cfg, data, tokenizer, collate_fn, loss_fn
+        self.split = split
 
     def due(self, done: int, steps: int) -> tuple[bool, bool]:
         """(validation loss, generation) due after ``done`` of ``steps`` steps; step 0 is the 'before' check."""
@@ -68,7 +71,7 @@ class InTrainingEval:
         record: dict[str, Any] = {"step": done}
         if loss and self.data.eval_examples:
             record["val_loss"] = round(validation_loss(backend, accelerator, model, self.data.eval_examples,
-                                                       micro_batch, self.collate_fn, self.loss_fn), 6)
+                                                       micro_batch, self.collate_fn, self.loss_fn, self.split), 6)
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
                 summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer, self.data.gen_examples,
