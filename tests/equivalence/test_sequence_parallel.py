@@ -1,0 +1,69 @@
+"""Sequence parallelism (``runtime.sequence_parallel``, DeepSpeed's Ulysses) with real processes over gloo: each
+sequence cut in two, one part per process, and the run is the one-process run's: the same losses per step, the
+same weights, the same validation loss, padded or packed, replicated or sharded, with accumulation (effective
+batch 8 in micro-batches of 2); and its checkpoint continues unsplit.
+
+Tolerance, as for sharding (test_sharded.py): the split changes only the order of fp32 sums (each part's loss,
+the all-reduce of partial gradients, attention over the whole sequence for half of the heads), about 1e-7
+relative per reduction; measured here about 2e-7 on the losses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from launches import launch, losses, run_config
+from safetensors.torch import load_file
+from tiny_runs import read_metrics
+
+pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
+pytest.importorskip("deepspeed")
+
+SPLIT = "runtime.sequence_parallel=2"
+
+
+@pytest.fixture(scope="module")
+def split_run(tiny_llama_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("split")
+    out = tmp / "out"
+    log = launch(run_config(tmp, tiny_llama_dir), out, 2, SPLIT, "runtime.sharding=none")
+    return tmp, out, log
+
+
+def test_split_sequences_train_as_one_process_does(split_run, unsharded):
+    _, out, log = split_run
+    assert "each sequence split over 2 processes (DeepSpeed Ulysses), 1 data-parallel group" in log
+    assert losses(out) == pytest.approx(losses(unsharded), rel=2e-4)
+    a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
+    # the group's two processes share their examples: the tokens are counted once
+    ours, theirs = read_metrics(out), read_metrics(unsharded)
+    assert [m["real_tokens"] for m in ours if "loss" in m] == [m["real_tokens"] for m in theirs if "loss" in m]
+
+
+def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, tiny_llama_dir):
+    """The data order never depended on the split: its checkpoint continues on one process, as written."""
+    tmp, out, _ = split_run
+    again = tmp / "again"
+    again.mkdir()
+    shutil.copytree(out / "checkpoint-4", again / "checkpoint-4")
+    log = launch(run_config(tmp, tiny_llama_dir), again, 1, "train.resume=auto")
+    assert "resumed from" in log and "at step 4" in log
+    assert losses(again) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
+
+
+def test_packed_rows_split_under_fsdp_with_validation_match_one_process(tiny_llama_dir, tmp_path):
+    """Packed rows (boundaries kept whole across the cut), FSDP2 sharding over the same two processes, and the
+    validation loss, each process computing its part of every held-out sequence."""
+    extra = ("eval: {holdout: 4, every: 4}",)
+    one, split = tmp_path / "one", tmp_path / "split"
+    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1)
+    launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, SPLIT, "runtime.sharding=fsdp",
+           "train.packing=true")
+    assert losses(split) == pytest.approx(losses(one), rel=2e-4)
+    val = [[m["val_loss"] for m in read_metrics(o) if "val_loss" in m] for o in (one, split)]
+    assert len(val[0]) == 2 and val[1] == pytest.approx(val[0], rel=2e-4)
+    assert json.loads((split / "run_info.json").read_text())["held_per_process"]["loaded_parameters"][1] == 0

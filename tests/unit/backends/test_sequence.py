@@ -1,0 +1,76 @@
+"""Sequence parallelism's own parts, without processes: the cut of a batch into parts (every trained target in
+exactly one part, at its global position) and the refusals before any weights load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from anyfit.backends.sequence import SequenceSplit, sequence_parallel_problem, shard_batch
+from anyfit.config import load_config
+from anyfit.data.batching import collate
+
+EXAMPLES = [{"input_ids": [11, 12, 13, 14, 15], "labels": [-100, 12, 13, 14, 15]},
+            {"input_ids": [31, 32, 33, 34], "labels": [-100, 32, 33, 34]},
+            {"input_ids": [41, 42, 43], "labels": [-100, -100, 43]}]
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+@pytest.mark.parametrize("degree", [2, 3, 4])
+def test_the_parts_of_a_batch_hold_each_trained_target_once_at_its_global_position(packed, degree):
+    batch = collate(EXAMPLES, pad_id=0, packed=packed)
+    parts = [shard_batch(batch, degree, r) for r in range(degree)]
+    rows, length = batch["input_ids"].shape
+    width = -(-length // degree)  # the sequence padded to a multiple of the degree, cut in equal parts
+    assert all(p["input_ids"].shape == (rows, width) == p["position_ids"].shape for p in parts)
+    ids = torch.cat([p["input_ids"] for p in parts], dim=1)
+    assert torch.equal(ids[:, :length], batch["input_ids"]) and not ids[:, length:].any()
+    positions = torch.cat([p["position_ids"] for p in parts], dim=1)[:, :length]
+    expected = batch["position_ids"] if packed else torch.arange(length).expand(rows, -1)
+    assert torch.equal(positions, expected)  # global positions: rotary sees the unsplit sequence
+    # every trained target in exactly one part, at the position it had
+    if packed:
+        assert torch.equal(torch.cat([p["keep_targets"] for p in parts]), batch["keep_targets"])
+        kept = torch.cat([p["keep"] + r * width for r, p in enumerate(parts)])
+        assert torch.equal(kept, batch["keep"])
+        for p in parts:  # the boundaries stay whole, the padding one more untrained example
+            assert sum(p["packed_lengths"]) == width * degree and p["packed_lengths"][:3] == (5, 4, 3)
+            assert p["cu_seq_lens"].tolist()[-1] == width * degree
+    else:
+        kept = torch.cat([p["keep"] for p in parts], dim=1)[:, :length]
+        assert torch.equal(kept, batch["keep"])
+        targets = [torch.full(p["keep"].shape, -100).index_put_((p["keep"],), p["keep_targets"]) for p in parts]
+        assert torch.equal(torch.cat(targets, dim=1)[:, :length][kept], batch["keep_targets"])
+        assert all("attention_mask" not in p for p in parts)  # causal by position after the all-to-all
+
+
+def test_a_split_process_knows_its_part_and_its_data_group():
+    assert [SequenceSplit.of(2, i, 4) for i in range(4)] == [
+        SequenceSplit(2, 0, 0, 2), SequenceSplit(2, 1, 0, 2), SequenceSplit(2, 0, 1, 2), SequenceSplit(2, 1, 1, 2)]
+    assert [s.counts() for s in (SequenceSplit.of(2, i, 4) for i in range(4))] == [True, False, True, False]
+    loss = object()
+    assert SequenceSplit().loss(loss) is loss  # not split: the loss function as it was
+
+
+def _cfg(*items: str):
+    return load_config(None, ["model.name_or_path=unused", *items])
+
+
+@pytest.mark.parametrize("items, processes, heads, needle", [
+    (["runtime.sequence_parallel=2"], 1, (4, 2), "single process"),
+    (["runtime.sequence_parallel=4"], 6, (8, 8), "does not divide the 6 processes"),
+    (["runtime.sequence_parallel=4"], 4, (6, 2), "Degrees that fit 4 processes: 2"),
+    (["runtime.sequence_parallel=3"], 3, (4, 4), "No degree fits 3 processes"),
+    (["runtime.sequence_parallel=2", "runtime.sharding=deepspeed"], 2, (4, 2), "sharding=fsdp or none"),
+    (["runtime.sequence_parallel=2", "model.attn_implementation=eager"], 2, (4, 2), "(T x T) mask"),
+    (["runtime.sequence_parallel=2", "eval.generate_at_end=true"], 2, (4, 2), "anyfit eval"),
+], ids=["one-process", "processes", "heads", "no-degree", "zero3", "eager", "generation"])
+def test_what_cannot_be_split_is_one_line_with_what_would_work(items, processes, heads, needle):
+    problem = sequence_parallel_problem(_cfg(*items), processes, *heads)
+    assert needle in problem and "\n" not in problem, problem
+
+
+def test_splits_that_run_are_not_refused():
+    assert sequence_parallel_problem(_cfg(), 1, 4, 2) == ""
+    assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=4"), 8, 32, 2) == ""  # kv heads replicated
+    assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=2", "runtime.sharding=fsdp"), 2, 4, 2) == ""
