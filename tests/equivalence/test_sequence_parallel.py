@@ -1,7 +1,7 @@
 """Sequence parallelism (``runtime.sequence_parallel``, DeepSpeed's Ulysses) with real processes over gloo: each
 sequence cut in two, one part per process, and the run is the one-process run's: the same losses per step, the
-same weights, the same validation loss, padded or packed, replicated or sharded, with accumulation (effective
-batch 8 in micro-batches of 2); and its checkpoint continues unsplit.
+same weights, the same validation loss, padded or packed, replicated or sharded, with the tiled MLP, with
+accumulation (effective batch 8 in micro-batches of 2); and its checkpoint continues unsplit.
 
 Tolerance, as for sharding (test_sharded.py): the split changes only the order of fp32 sums (each part's loss,
 the all-reduce of partial gradients, attention over the whole sequence for half of the heads), about 1e-7
@@ -55,14 +55,30 @@ def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, tiny_llama_d
     assert losses(again) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
 
 
-def test_packed_rows_split_under_fsdp_with_validation_match_one_process(tiny_llama_dir, tmp_path):
-    """Packed rows (boundaries kept whole across the cut), FSDP2 sharding over the same two processes, and the
-    validation loss, each process computing its part of every held-out sequence."""
+def _long_examples(path):
+    """24 prompt/completion pairs of 40 to 200 words (about 60 to 330 tokens): longer than the tiny model's
+    hidden size (32), so a process's part of a sequence is still cut into MLP tiles."""
+    words = ["red", "green", "blue", "cyan", "gold", "pink", "gray", "navy"]
+    with path.open("w") as f:
+        for i in range(24):
+            k = 40 + 7 * i
+            f.write(json.dumps({"prompt": "Repeat " + " ".join(words[(i + j) % 8] for j in range(k)),
+                                "completion": " ".join(words[(i + 3 * j) % 8] for j in range(k // 2))}) + "\n")
+    return path
+
+
+def test_long_packed_rows_split_under_fsdp_with_tiled_mlps_and_validation_match_one_process(tiny_llama_dir,
+                                                                                            tmp_path):
+    """Long packed rows (boundaries kept whole across the cut), FSDP2 sharding over the same two processes, the
+    tiled MLP on each process's part, and the validation loss (each process computing its part of every held-out
+    sequence), against one process with none of them."""
+    data = _long_examples(tmp_path / "long.jsonl")
     extra = ("eval: {holdout: 4, every: 4}",)
     one, split = tmp_path / "one", tmp_path / "split"
-    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1)
-    launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, SPLIT, "runtime.sharding=fsdp",
-           "train.packing=true")
+    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1, f"data.path={data}")
+    log = launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, f"data.path={data}", SPLIT,
+                 "runtime.sharding=fsdp", "train.packing=true", "model.tiled_mlp=true")
+    assert "sequence split over 2 processes" in log
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)
     val = [[m["val_loss"] for m in read_metrics(o) if "val_loss" in m] for o in (one, split)]
     assert len(val[0]) == 2 and val[1] == pytest.approx(val[0], rel=2e-4)

@@ -30,6 +30,7 @@ from anyfit.backends.base import Backend, Loaded
 from anyfit.backends.reading import load_weights, torch_load
 from anyfit.config import ConfigError
 from anyfit.hardware.memory import keep_host_heap_small, release_cached
+from anyfit.model.layers import decoder_stack
 from anyfit.model.loading import load_model, shared_parameter_names
 from anyfit.runfolder import RUN_CONFIG, SHARDED_DIR
 
@@ -130,15 +131,11 @@ def _gradient_sync(model: nn.Module, sync: bool):
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The repeated blocks of a decoder: the largest ``nn.ModuleList`` whose entries share one class (found by
-    structure, so it works for Llama/Qwen ``model.layers``, GPT-2 ``transformer.h`` and PEFT-wrapped models)."""
-    best: list[nn.Module] = []
-    for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) > len(best) and len({type(m) for m in module}) == 1:
-            best = list(module)
-    if not best:
+    """The decoder layers, each one FSDP unit (``anyfit.model.layers``)."""
+    stack = decoder_stack(model)
+    if stack is None:
         raise ConfigError(f"runtime.sharding=fsdp: no stack of decoder layers found in {type(model).__name__}.")
-    return best
+    return list(stack[1])
 
 
 def shard_model(model: nn.Module, compute_dtype: torch.dtype, offload: bool, device: torch.device,

@@ -53,6 +53,10 @@ class ModelConfig:
         "back when the backward needs them (with gradient_checkpointing: each checkpointed layer's input). On CUDA "
         "it frees their device memory for two copies over PCIe, not overlapped with compute (anyfit plan counts "
         "them); on a CPU or Apple's unified memory it frees nothing.")
+    tiled_mlp: bool = _f(
+        False, "Run each decoder layer's MLP over the sequence in tiles of about hidden_size tokens (DeepSpeed's "
+        "TiledMLP; the backward recomputes one tile at a time), so the MLP's intermediate activations never exist "
+        "for a whole long sequence. Costs one more MLP forward per step.")
 
 
 @dataclass

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from anyfit.config import ConfigError
+from anyfit.model.layers import decoder_stack
 
 # Tensors smaller than this stay (per-head statistics, rsqrt of a norm): a copy costs more than they hold.
 MIN_BYTES = 1 << 20
@@ -62,17 +63,12 @@ class _ToHost(torch.autograd.graph.saved_tensors_hooks):
 
 
 def body_of(model: nn.Module) -> nn.Module:
-    """The module holding the decoder layers (the largest ``nn.ModuleList`` of one class): Llama's ``model``,
-    GPT-2's ``transformer``, the same under a PEFT wrapper."""
-    best, owner = 0, None
-    for module in model.modules():
-        for child in module.children():
-            if isinstance(child, nn.ModuleList) and len(child) > best and len({type(m) for m in child}) == 1:
-                best, owner = len(child), module
-    if owner is None:
+    """The module holding the decoder layers: Llama's ``model``, GPT-2's ``transformer``, the same under PEFT."""
+    stack = decoder_stack(model)
+    if stack is None:
         raise ConfigError(f"model.activation_offload: no stack of decoder layers found in {type(model).__name__}; "
                           "set model.activation_offload=false.")
-    return owner
+    return stack[0]
 
 
 def offload_activations(model: nn.Module, pin: bool) -> None:

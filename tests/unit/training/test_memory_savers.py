@@ -158,3 +158,104 @@ def test_activation_offload_under_fsdp2_moves_activations_not_the_gathered_weigh
                           and isinstance(t._base, torch.nn.Parameter)]
     assert torch.equal(results[0][0], results[1][0])
     assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+
+
+def _saved_bytes_and_grads(cfg, ids, autocast: bool, wrap=None):
+    """(loss, trainable gradients, bytes the forward saved for the backward) of one forward and backward."""
+    torch.manual_seed(0)
+    model = load_model(cfg, resolve_runtime(cfg.runtime))
+    model = wrap(model) if wrap else model
+    model.train()
+    saved = []
+
+    def pack(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            loss = model(input_ids=ids, labels=ids).loss
+    torch.manual_seed(1)  # the recomputation must restore the forward's RNG state itself
+    loss.backward()
+    grads = [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad) for p in model.parameters()
+             if p.grad is not None]
+    return loss.detach(), grads, sum(saved)
+
+
+@pytest.mark.parametrize("extra, autocast", [
+    ([], False), ([], True), (["model.gradient_checkpointing=true"], False),
+    (["lora.enabled=true", "lora.dropout=0.0"], False),
+], ids=["full", "full-autocast", "full-ckpt", "lora"])
+def test_tiled_mlp_computes_the_same_loss_and_gradients_and_keeps_no_mlp_activations(extra, autocast,
+                                                                                      tiny_llama_dir):
+    """model.tiled_mlp: 2 x 100 tokens over a 32-wide model, so 4 tiles per MLP. The loss is the same (each token's
+    MLP output does not depend on the tiling) and the gradients are too, to fp32 round-off: a weight's gradient
+    is a sum over the 200 tokens, tiled as 4 partial sums of 50 (relative round-off ~200 x 2^-24, 1e-5 of the
+    largest entry). Autocast recomputes in bf16 as the forward ran (its tolerance below). Without checkpointing the forward keeps, per layer, at least the gated
+    MLP's gate and up outputs less (2 x tokens x intermediate_size fp32 values, or bf16 under autocast)."""
+    ids = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(0))
+    runs = [_saved_bytes_and_grads(load_config(None, [f"model.name_or_path={tiny_llama_dir}", *extra,
+                                                      f"model.tiled_mlp={on}"]), ids, autocast)
+            for on in ("false", "true")]
+    (loss, grads, saved), (tiled_loss, tiled_grads, tiled_saved) = runs
+    torch.testing.assert_close(tiled_loss, loss, rtol=1e-6, atol=0)
+    assert len(grads) == len(tiled_grads) > 0
+    # under autocast each tile's weight gradient is rounded to bf16 (8 mantissa bits) before the fp32 sum, where
+    # the untiled matmul rounds its whole sum once: up to 2^-8 of a partial sum, under 1% of the largest entry
+    scale = 1e-2 if autocast else 1e-5
+    for a, b in zip(grads, tiled_grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=scale * float(a.abs().max()))
+    if not extra:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(tiny_llama_dir)
+        per_value = 2 if autocast else 4
+        assert saved - tiled_saved >= config.num_hidden_layers * 2 * ids.numel() * config.intermediate_size * per_value
+
+
+def test_tiled_mlp_keeps_parameter_names_and_runs_under_fsdp2(tiny_llama_dir):
+    import torch.distributed as dist
+
+    from anyfit.backends.fsdp import shard_model
+
+    ids = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(0))
+    names = []
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        runs = []
+        for on in ("false", "true"):
+            cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", f"model.tiled_mlp={on}"])
+            runs.append(_saved_bytes_and_grads(cfg, ids, False, wrap=lambda m: (
+                names.append([n for n, _ in m.named_parameters()]),
+                shard_model(m, torch.float32, False, torch.device("cpu")))[1]))
+    finally:
+        dist.destroy_process_group()
+    assert names[0] == names[1]  # checkpoints, PEFT targets and exports see the same model
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-6, atol=0)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
+
+
+def test_tiled_mlp_recomputes_with_the_forwards_dropout_masks(tiny_llama_dir):
+    """With LoRA dropout the tiles draw their masks one after the other (not the untiled run's masks, which are
+    drawn over the whole sequence at once): the recomputation must draw the same ones, whatever the RNG did in
+    between. Reference: the same tiles run with ordinary autograd, from the same seed."""
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "model.tiled_mlp=true", "lora.enabled=true",
+                             "lora.dropout=0.5", "lora.target_modules=[gate_proj,up_proj,down_proj]"])
+    model = load_model(cfg, resolve_runtime(cfg.runtime))
+    model.train()
+    mlp = model.base_model.model.model.layers[0].mlp
+    x = torch.randn(2, 100, 32, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    weight = torch.randn(2, 100, 32, generator=torch.Generator().manual_seed(1))
+    results = []
+    for tiled in (False, True):
+        torch.manual_seed(5)
+        out = mlp(x) if tiled else torch.cat([mlp.mlp_forward(t) for t in x.chunk(4, dim=-2)], dim=-2)
+        torch.manual_seed(99)  # the backward must not depend on the RNG's state when it runs
+        (out * weight).sum().backward()
+        results.append([out.detach(), x.grad.clone()] + [p.grad.clone() for p in mlp.parameters() if p.requires_grad])
+        x.grad = None
+        mlp.zero_grad(set_to_none=True)
+    assert len(results[0]) == len(results[1]) == 2 + 6  # output, input gradient, three LoRA pairs
+    for a, b in zip(*results):  # the same masks; the weight gradients summed over the tiles in another order
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
