@@ -28,6 +28,7 @@ processes as wrote them (``continue_problem``); ``anyfit export`` reads any of t
 """
 
 from anyfit.backends.base import Backend, Loaded, local_bytes, local_numel
-from anyfit.backends.choose import choose_backend, continue_problem, writer_of
+from anyfit.backends.choose import choose_backend, choose_sequence_parallel, continue_problem, writer_of
 
-__all__ = ["Backend", "Loaded", "choose_backend", "continue_problem", "local_bytes", "local_numel", "writer_of"]
+__all__ = ["Backend", "Loaded", "choose_backend", "choose_sequence_parallel", "continue_problem", "local_bytes",
+           "local_numel", "writer_of"]

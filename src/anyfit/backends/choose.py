@@ -8,12 +8,11 @@ from pathlib import Path
 from anyfit.backends.base import Backend
 from anyfit.backends.fsdp import FSDP2
 from anyfit.backends.replicated import Replicated
-from anyfit.backends.sequence import sequence_parallel_problem
 from anyfit.backends.zero3 import ZeRO3, deepspeed_missing, deepspeed_refusal, engine_config
 from anyfit.config import Config, ConfigError
-from anyfit.hardware.runtime import sharding_refusal
+from anyfit.hardware.runtime import sequence_parallel_problem, sharding_refusal
 from anyfit.model.shape import model_shape
-from anyfit.planning.ladder import recommend_sharding
+from anyfit.planning.recommend import recommend_sequence_parallel, recommend_sharding
 from anyfit.planning.presets import this_machine
 
 WRITERS: tuple[type[Backend], ...] = (ZeRO3, FSDP2, Replicated)  # most specific folder first
@@ -24,11 +23,6 @@ def choose_backend(cfg: Config, policy, processes: int, micro_batch: int | None 
     """The backend this run uses, with the reason printed beside the runtime line; a setting it cannot honour
     is a ConfigError. ``micro_batch``/``accumulation``: the plan's, which DeepSpeed's engine fixes when built."""
     device, precision, mode = policy.device, policy.precision, cfg.runtime.sharding
-    if cfg.runtime.sequence_parallel > 1:  # refused before any weights load: the degree, the heads, the setting
-        shape = model_shape(cfg.model)
-        refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads)
-        if refusal:
-            raise ConfigError(refusal)
     if cfg.runtime.deepspeed_offload and mode != "deepspeed":
         raise ConfigError("runtime.deepspeed_offload=true needs runtime.sharding=deepspeed (FSDP2's offload is "
                           "runtime.fsdp_offload).")
@@ -66,6 +60,22 @@ def choose_backend(cfg: Config, policy, processes: int, micro_batch: int | None 
     if cfg.runtime.fsdp_reduce_every_micro_batch:
         reason += "; gradients reduce-scattered after every micro-batch (runtime.fsdp_reduce_every_micro_batch)"
     return FSDP2(reason, offload=offload, reduce_every=cfg.runtime.fsdp_reduce_every_micro_batch)
+
+
+def choose_sequence_parallel(cfg: Config, processes: int) -> tuple[int, str]:
+    """How many processes share each sequence (``runtime.sequence_parallel``), with the reason printed; a degree
+    that cannot run is a ConfigError, before any weights load."""
+    asked = cfg.runtime.sequence_parallel
+    if asked == 1:
+        return 1, ""
+    shape = model_shape(cfg.model)
+    if asked == "auto":
+        degree, why = recommend_sequence_parallel(cfg, shape, this_machine(), processes)
+        return degree, f"sequence parallel {degree} (auto): {why}"
+    refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads)
+    if refusal:
+        raise ConfigError(refusal)
+    return asked, f"sequence parallel {asked}: asked for in the config"
 
 
 def writer_of(folder: Path) -> type[Backend]:

@@ -26,18 +26,12 @@ How anyfit uses it:
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from dataclasses import dataclass
 
 import torch
 
 from anyfit.data.batching import IGNORE_INDEX
-
-# Attention implementations Ulysses can wrap (anyfit_varlen: per-example attention in packed rows). eager builds a
-# (T x T) mask that the split cannot carry.
-SPLITTABLE = ("sdpa", "anyfit_varlen", "flash_attention_2", "flash_attention_3", "flex_attention")
-
 
 @dataclass(frozen=True)
 class SequenceSplit:
@@ -70,41 +64,6 @@ class SequenceSplit:
             return loss_fn(model, shard_batch(batch, self.degree, self.rank))
 
         return split_loss
-
-
-def sequence_parallel_problem(cfg, processes: int, heads: int, kv_heads: int) -> str:
-    """Why ``runtime.sequence_parallel`` cannot run as configured ('' when it can), before any weights load."""
-    n = cfg.runtime.sequence_parallel
-    if n == 1:
-        return ""
-    fix = "set runtime.sequence_parallel=1"
-    if processes == 1:
-        return (f"runtime.sequence_parallel={n} on a single process: the split needs {n} processes. Launch with "
-                f"torchrun --nproc_per_node {n} (or accelerate launch), or {fix}.")
-    if processes % n:
-        return (f"runtime.sequence_parallel={n} does not divide the {processes} processes into groups. Use a "
-                f"degree that divides {processes}, or launch a multiple of {n} processes.")
-    if heads % n or not (kv_heads % n == 0 or n % kv_heads == 0):
-        fitting = [d for d in range(2, processes + 1) if processes % d == 0 and heads % d == 0
-                   and (kv_heads % d == 0 or d % kv_heads == 0)]
-        return (f"runtime.sequence_parallel={n}: the model's {heads} attention heads ({kv_heads} key/value heads) "
-                f"cannot be split {n} ways (Ulysses gives each process whole heads). "
-                + (f"Degrees that fit {processes} processes: {', '.join(map(str, fitting))}." if fitting
-                   else f"No degree fits {processes} processes: {fix}."))
-    if importlib.util.find_spec("deepspeed") is None:
-        return (f"runtime.sequence_parallel={n} uses DeepSpeed's Ulysses attention, and DeepSpeed is not installed: "
-                f"pip install 'anyfit[deepspeed]', or {fix}.")
-    if cfg.runtime.sharding == "deepspeed":
-        return (f"runtime.sequence_parallel={n} with runtime.sharding=deepspeed is not supported by anyfit: use "
-                "runtime.sharding=fsdp or none with it.")
-    if cfg.model.attn_implementation == "eager":
-        return (f"runtime.sequence_parallel={n} with model.attn_implementation=eager: eager attention builds a "
-                "full (T x T) mask the split cannot carry. Use auto, sdpa or flash_attention_2.")
-    if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
-        return (f"eval.generate_* with runtime.sequence_parallel={n}: generation runs on one process, and every "
-                "attention call of a split model waits for its whole group. Keep the validation loss (eval.every) "
-                "and run 'anyfit eval' on the output afterwards.")
-    return ""
 
 
 def split_attention(model, degree: int) -> None:

@@ -221,10 +221,12 @@ class RuntimeConfig:
         "(fully_shard per decoder layer). deepspeed: the same with DeepSpeed ZeRO-3, driven by anyfit's loop "
         "(needs the deepspeed extra). auto: what 'anyfit plan' recommends for this machine and process count "
         "(printed with its reason; never deepspeed). none: every process holds everything (DDP).")
-    sequence_parallel: int = _f(
+    sequence_parallel: int | Literal["auto"] = _f(
         1, "Split each sequence over this many processes (DeepSpeed's Ulysses: each process holds 1/N of a "
         "sequence's activations; attention heads are exchanged with an all-to-all). Must divide the process count "
-        "and the attention heads; the remaining factor is data parallel. For examples too long for one device.")
+        "and the attention heads; the remaining factor is data parallel. For examples too long for one device. "
+        "auto: the degree 'anyfit plan' picks for this machine and process count (1 when the run fits without), "
+        "printed with its reason.")
     fsdp_offload: bool = _f(False, "With sharding: keep parameters and optimizer states in host RAM (FSDP2 CPU "
                             "offload); slower, for models that do not fit in device memory even sharded.")
     deepspeed_offload: bool = _f(False, "With sharding=deepspeed: ZeRO-3 offload of parameters and optimizer "
@@ -296,7 +298,6 @@ def validate(cfg: Config) -> None:
         ("lora.r", cfg.lora.r, 1),
         ("eval.max_new_tokens", cfg.eval.max_new_tokens, 1),
         ("runtime.profile_warmup", cfg.runtime.profile_warmup, 1),
-        ("runtime.sequence_parallel", cfg.runtime.sequence_parallel, 1),
     ]:
         if value < low:
             raise ConfigError(f"'{key}' must be at least {low}, got {value}.")
@@ -323,6 +324,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"'train.warmup_ratio' must be in [0, 1), got {t.warmup_ratio}.")
     if t.max_steps == 0 and t.epochs <= 0:
         raise ConfigError("Set 'train.max_steps' > 0 or 'train.epochs' > 0: the run has no length.")
+    if cfg.runtime.sequence_parallel != "auto" and cfg.runtime.sequence_parallel < 1:
+        raise ConfigError(f"'runtime.sequence_parallel' must be at least 1 or 'auto', got "
+                          f"{cfg.runtime.sequence_parallel}.")
     if t.micro_batch != "auto" and t.micro_batch < 1:
         raise ConfigError(f"'train.micro_batch' must be at least 1 or 'auto', got {t.micro_batch}.")
     if t.micro_batch != "auto" and t.micro_batch > t.effective_batch:

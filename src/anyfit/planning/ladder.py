@@ -4,17 +4,17 @@ saver ladder), and the answer to ``runtime.sharding=auto`` that the training loo
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from anyfit.config import Config, ConfigError
-from anyfit.data.batching import BatchPlan, choose_micro_batch
+from anyfit.data.batching import choose_micro_batch
 from anyfit.hardware.runtime import (
     BNB_CPU,
     EIGHT_BIT_OPTIMIZERS,
     bitsandbytes_cpu_problem,
     resolve_runtime,
+    sequence_parallel_problem,
     sharding_refusal,
 )
 from anyfit.model.shape import ModelShape
@@ -137,9 +137,12 @@ class _Option:
     optimizer: str
     sharding: str  # none | fsdp | offload
     processes: int
-    tier: tuple[int, int]  # (method: 0 configured, 1 LoRA, 2 QLoRA; savers: 0 cheap, 1 CPU offload, 2 Adafactor)
+    # (method: 0 configured, 1 LoRA, 2 QLoRA; savers: 0 cheap, 1 sequence parallelism, 2 CPU offload, 3 Adafactor)
+    tier: tuple[int, int]
     reduce: bool = False  # sharded: reduce-scatter every micro-batch (runtime.fsdp_reduce_every_micro_batch)
     act_offload: bool = False  # model.activation_offload
+    tiled: bool = False  # model.tiled_mlp
+    sp: int = 1  # runtime.sequence_parallel
 
 
 # The saver ladder, cheapest first:
@@ -149,12 +152,16 @@ class _Option:
 #   step, 1/2 with a frozen LoRA base);
 # - activation offload on top of checkpointing every layer (CUDA): the layer inputs checkpointing keeps go to host
 #   RAM, two PCIe copies per micro-batch (long sequences: what checkpointing alone cannot bring down);
+# - the tiled MLP on top of checkpointing every layer: the recomputed layer's MLP intermediates, one tile at a time
+#   (long sequences), for one more MLP forward;
 # - FSDP sharding: 1/N of everything, for the communication compute cannot hide (little over NVLink, a lot over
 #   PCIe); with accumulation, a reduce-scatter every micro-batch also drops the unsharded fp32 gradient;
 # - CPU offload: every weight crosses PCIe twice per micro-batch and the optimizer runs on the CPU.
 # All but CPU offload keep the run's math (8-bit states almost), so they are one tier: the combination with the
 # shortest *estimated* step on this target wins (on NVLink sharding usually beats dense checkpointing, on PCIe not);
-# ties go to _Planner.options' order. CPU offload is a tier of its own, tried only when nothing in the first fits: its
+# ties go to _Planner.options' order. Sequence parallelism over N of the GPUs (each holds 1/N of every sequence;
+# all-to-alls in every layer, and N times fewer data-parallel groups) is the next tier: what one GPU's activations
+# cannot hold even with every saver above. CPU offload is a tier of its own, tried only when nothing before fits: its
 # time estimate is the least certain. Then the savers that change the run: Adafactor (no first moment, relative step
 # sizes), LoRA, QLoRA (CUDA), each with the savers above; last, more GPUs of this kind, sharded. Savers the config
 # names are kept: checkpointing may only get denser, a configured optimizer or sharding mode is not swapped (and costs
@@ -203,6 +210,8 @@ class _Planner:
         self.optimizer = optimizer
         self.ckpt = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
         self.act_offload = cfg.model.activation_offload
+        self.tiled = cfg.model.tiled_mlp
+        self.sp = cfg.runtime.sequence_parallel  # a number is kept; "auto" lets the ladder choose
         sharding = cfg.runtime.sharding
         self.reduce = cfg.runtime.fsdp_reduce_every_micro_batch  # configured: kept; else the ladder may add it
         if sharding == "deepspeed":
@@ -240,8 +249,31 @@ class _Planner:
             if note not in self.notes:
                 self.notes.append(note)
             sharding = "none"
-        return _Option(self.method, self.ckpt, self.optimizer, sharding, processes or self.procs, (0, 0),
-                       self.reduce and sharding != "none", self.act_offload)
+        processes = processes or self.procs
+        sp = self.sp if isinstance(self.sp, int) else 1
+        if sp > 1 and (problem := self.sp_problem(processes, sp)):
+            note = f"runtime.sequence_parallel={sp} is refused for this run: {problem}"
+            if note not in self.notes:
+                self.notes.append(note)
+            sp = 1
+        return _Option(self.method, self.ckpt, self.optimizer, sharding, processes, (0, 0),
+                       self.reduce and sharding != "none", self.act_offload, self.tiled, sp)
+
+    def sp_problem(self, processes: int, degree: int) -> str:
+        """Why ``processes`` cannot split each sequence ``degree`` ways ('' when they can): the loop's rule, and
+        the batch: the effective batch must split over the data-parallel groups."""
+        problem = sequence_parallel_problem(self.cfg, processes, self.shape.num_heads, self.shape.num_kv_heads,
+                                            degree)
+        if not problem and self.effective % (processes // degree):
+            problem = f"train.effective_batch={self.effective} does not split over {processes // degree} groups"
+        return problem
+
+    def sp_degrees(self, processes: int) -> list[int]:
+        """The sequence-parallel degrees the ladder tries: the configured one, or with "auto" every one the
+        processes, the heads and the batch allow (1 first)."""
+        if isinstance(self.sp, int):
+            return [self.configured(processes).sp]
+        return [1] + [d for d in range(2, processes + 1) if processes % d == 0 and not self.sp_problem(processes, d)]
 
     def options(self, method: str, rank: int, processes: int, shardings: tuple[str, ...] | None = None) -> list[_Option]:
         """The saver combinations for ``method`` (``rank``: 0 the configured method, 1 LoRA, 2 QLoRA), in ladder
@@ -263,10 +295,12 @@ class _Planner:
         if shardings is None:
             shardings = {"none": ("none",), "fsdp": ("fsdp",), "offload": ("offload",)}.get(
                 self.sharding_mode, ("none",) + (("fsdp",) if processes > 1 else ()) + (("offload",) if self.cuda else ()))
-        def saver_rank(sharding: str, optimizer: str) -> int:
+        def saver_rank(sharding: str, optimizer: str, sp: int) -> int:
             if optimizer == "adafactor" and self.optimizer != "adafactor":
+                return 3
+            if sharding == "offload" and self.sharding_mode != "offload":
                 return 2
-            return 1 if sharding == "offload" and self.sharding_mode != "offload" else 0
+            return 1 if sp > 1 and not isinstance(self.sp, int) else 0
 
         def allowed(optimizer: str) -> list[str]:
             # What the loop would refuse is left out: sharding with fp16, generation eval or Adafactor (its
@@ -282,9 +316,12 @@ class _Planner:
         def offloads(k: int) -> tuple[bool, ...]:  # a configured offload is kept; else only with full checkpointing
             return (True,) if self.act_offload else (False, True) if self.cuda and k == 1 else (False,)
 
-        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt)), red, off)
-                for opt in optimizers for sh in allowed(opt) for red in reduces(sh) for k in unique
-                for off in offloads(k)]
+        def tiles(k: int) -> tuple[bool, ...]:  # a configured tiled MLP is kept; else only with full checkpointing
+            return (True,) if self.tiled else (False, True) if k == 1 else (False,)
+
+        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt, sp)), red, off, tiled, sp)
+                for sp in self.sp_degrees(processes) for opt in optimizers for sh in allowed(opt)
+                for red in reduces(sh) for k in unique for off in offloads(k) for tiled in tiles(k)]
 
     def fit(self, option: _Option) -> tuple[Setup, MemoryEstimate] | None:
         """The largest micro-batch that fits ``option`` (the rule micro_batch=auto follows, with estimated
@@ -297,12 +334,13 @@ class _Planner:
         def setup(micro: int) -> Setup:
             return setup_for(cfg, method=method, device=self.target.device, precision=precision, micro_batch=micro,
                              processes=option.processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
-                             sharding=option.sharding, reduce_every=option.reduce, activation_offload=option.act_offload)
+                             sharding=option.sharding, reduce_every=option.reduce, activation_offload=option.act_offload,
+                             tiled_mlp=option.tiled, sequence_parallel=option.sp)
 
         def peak(m: int) -> int:
             return estimate_memory(self.shape, setup(m), overhead_gib=self.overhead_gib).peak
 
-        share = self.effective // option.processes
+        share = self.effective // (option.processes // option.sp)  # per data-parallel group
         if self.fixed_micro:  # as given: it must split this option's share of the batch and fit
             micro = self.fixed_micro if share % self.fixed_micro == 0 and peak(self.fixed_micro) <= self.budget \
                 else None
@@ -343,7 +381,8 @@ class _Planner:
 
 _REDUCE_EVERY = "reduce-scatter every micro-batch"
 _ACT_OFFLOAD = "activation offload"
-_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY, _ACT_OFFLOAD)
+_TILED = "tiled MLP"
+_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY, _ACT_OFFLOAD, _TILED)
 
 
 def _verdict(setup: Setup, configured: _Option) -> str:
@@ -361,6 +400,8 @@ def _verdict(setup: Setup, configured: _Option) -> str:
             added.append(f"CPU offload (FSDP over {setup.processes} GPU{'s' if setup.processes > 1 else ''})")
         elif setup.fsdp:
             added.append(f"sharding over {setup.processes} GPUs")
+    if setup.sequence_parallel != configured.sp:
+        added.append(f"sequence parallelism over {setup.sequence_parallel} GPUs")
     if setup.reduces_every_micro_batch and not configured.reduce:
         added.append(_REDUCE_EVERY)
     if setup.optimizer in EIGHT_BIT_OPTIMIZERS and configured.optimizer not in EIGHT_BIT_OPTIMIZERS:
@@ -370,6 +411,8 @@ def _verdict(setup: Setup, configured: _Option) -> str:
         added.append("gradient checkpointing" if ckpt == 1 else f"checkpointing every {ckpt} layers")
     if setup.activation_offload and not configured.act_offload:
         added.append(_ACT_OFFLOAD)
+    if setup.tiled_mlp and not configured.tiled:
+        added.append(_TILED)
     if not added:
         return "fits"
     if all(a.startswith(_CHEAP) or a == "gradient checkpointing" for a in added):
@@ -483,58 +526,3 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                      f"{target.host_link_gbs:g} GB/s to the host)")
     return TargetPlan(target, verdict, setup, mem, 100 * time.total, p.budget, tuple(notes), tuple(alternatives),
                       time=time, steps_per_epoch=steps_per_epoch, host_budget_bytes=p.host_budget_for(setup.processes))
-
-
-def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes: int) -> tuple[bool, str]:
-    """Whether a run with ``runtime.sharding=auto`` should shard (FSDP2) over ``processes``, and why, in one line.
-
-    Asked by the training loop (``anyfit.backends.choose_backend``, with ``presets.this_machine()`` and the
-    launched process count) and by ``anyfit plan``. The run is estimated as configured (its micro-batch, or the
-    micro_batch=auto rule), unsharded, under the planner's safety share of one device's memory (CPU processes
-    share the host RAM). It fits: no sharding (DDP is faster and simpler). It does not: shard where possible (not
-    fp16, no generation eval during training, CUDA or CPU, not QLoRA), even when the sharded estimate is still
-    over the budget (the reason says so): sharding only lowers the per-device memory. One process, or a
-    DeepSpeed launch (ZeRO shards instead), never shards.
-    """
-    if processes <= 1:
-        return False, "one process: nothing to shard over"
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        return False, "launched with DeepSpeed (accelerate config): ZeRO shards the model, not FSDP2"
-    if cfg.train.effective_batch % processes:
-        return False, (f"train.effective_batch={cfg.train.effective_batch} does not split over {processes} "
-                       "processes (the run will refuse it)")
-    try:
-        run_micro = BatchPlan.from_config(cfg.train, processes).micro_batch
-    except ConfigError as e:
-        return False, f"the batch split is refused ({e})"
-    p = _Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
-    p.host_budget = None  # the device memory decides FSDP vs DDP here (sharded, the model is read only once)
-    budget = f"{p.budget / GIB:.1f} GiB per {'process' if target.device == 'cpu' else 'device'}"
-
-    def peak(option: _Option) -> tuple[int | None, int]:
-        """(peak bytes at the micro-batch the run will use, that micro-batch); None when none fits."""
-        if cfg.train.micro_batch == "auto":
-            found = p.fit(option)
-            return (found[1].peak, found[0].micro_batch) if found else (None, 1)
-        micro = run_micro  # what the run will use: BatchPlan.from_config's rule, not a copy of it
-        precision = p.precision(option.method)
-        setup = setup_for(cfg, method=option.method, device=target.device, precision=precision, micro_batch=micro,
-                          processes=processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
-                          sharding=option.sharding, reduce_every=option.reduce)
-        return estimate_memory(shape, setup).peak, micro
-
-    base = dataclasses.replace(p.configured(processes), sharding="none")
-    unsharded, micro = peak(base)
-    if unsharded is not None and unsharded <= p.budget:
-        return False, (f"the unsharded run fits: {unsharded / GIB:.1f} GiB of {budget} at micro-batch {micro}")
-    need = "no micro-batch fits" if unsharded is None else f"{unsharded / GIB:.1f} GiB at micro-batch {micro}"
-    blocked = p.blocker(p.method)
-    if blocked:
-        return False, f"the unsharded run does not fit ({need}, budget {budget}), but it cannot be sharded: {blocked}"
-    sharded, micro = peak(dataclasses.replace(base, sharding="fsdp", reduce=p.reduce))
-    if sharded is not None and sharded <= p.budget:
-        return True, (f"the unsharded run does not fit ({need}, budget {budget}); sharded over {processes}: "
-                      f"{sharded / GIB:.1f} GiB at micro-batch {micro}")
-    still = "no micro-batch fits" if sharded is None else f"{sharded / GIB:.1f} GiB at micro-batch {micro}"
-    return True, (f"the unsharded run does not fit ({need}, budget {budget}); sharded over {processes} it is "
-                  f"still over ({still}): see 'anyfit plan' for more savers")

@@ -83,7 +83,11 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
       dropout output (or mask/noise) and the rank-r intermediate.
 
     With gradient checkpointing a checkpointed layer keeps only its input (``checkpoint_input``), and one
-    layer is recomputed at a time during the backward pass.
+    layer is recomputed at a time during the backward pass. A tiled MLP (``anyfit.model.tiled``) keeps its input
+    only: none of the MLP's intermediates, casts or adapter tensors. Under sequence parallelism the attention
+    runs without a mask (Ulysses drops it; causal by position), so k and v are not repeated and no mask is cast;
+    per token of a process's part the rest is as above (after the all-to-all a process holds the whole sequence
+    for 1/N of the heads: the same bytes).
     """
     a = BYTES[setup.precision]  # compute dtype
     # The residual stream has the embedding's dtype: the weight dtype, except QLoRA with lora.qlora_upcast (PEFT
@@ -92,15 +96,29 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     rs = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.compute_weight_bytes
     casts = a < rs  # autocast casts each linear's input
     h, inter, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    repeat_kv = setup.padding and setup.device != "mps"  # torch >= 2.13 MPS takes GQA with a mask
+    masked = setup.padding and setup.sequence_parallel == 1
+    repeat_kv = masked and setup.device != "mps"  # torch >= 2.13 MPS takes GQA with a mask
     kv = q if repeat_kv else shape.kv_dim
     full = setup.method == "full"
 
     norm = 4 * h + 4 + (rs * h if full else 0)  # fp32 input copy + rsqrt (+ normalised input for the weight grad)
-    attention = a * (2 * q + 2 * kv) + 4 * shape.num_heads + (a * setup.seq_len if setup.padding else 0)
-    mlp = (3 if shape.gated_mlp else 1) * a * inter
+    attention = a * (2 * q + 2 * kv) + 4 * shape.num_heads + (a * setup.seq_len if masked else 0)
+    tiled = setup.tiled_mlp
+    mlp = rs * h if tiled else (3 if shape.gated_mlp else 1) * a * inter  # tiled: the MLP's input, nothing else
 
-    # Inputs of the linear layers, grouped by the tensor they read (``count / layers`` modules per layer).
+    inputs = _linear_inputs(shape, setup, a, rs, casts)
+    per_layer = 2 * norm + attention + mlp + inputs
+
+    head = 4 * h + 4  # final norm's fp32 input copy
+    if full:  # normalised input for the norm weight, and the head's input (cast under autocast)
+        head += rs * h + (a if casts else rs) * h
+    return Activations(per_layer=per_layer, head=head, checkpoint_input=rs * h)
+
+
+def _linear_inputs(shape: ModelShape, setup: Setup, a: int, rs: int, casts: bool) -> float:
+    """Bytes per token per layer that the linear layers keep of their inputs (``activation_bytes``), grouped by the
+    tensor they read (``count / layers`` modules per layer)."""
+    full = setup.method == "full"
     # The attention output is SDPA's own output, already counted: SDPA lays it out as (batch, seq, heads,
     # dim), so the reshape before o_proj copies nothing.
     groups: dict[str, list[Projection]] = {}
@@ -108,6 +126,8 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
         groups.setdefault(p.group, []).append(p)
     layers = max(1, shape.num_layers)
     inputs = 0.0
+    if setup.tiled_mlp:  # what the MLP's linears keep is recomputed tile by tile in the backward
+        groups = {g: projs for g, projs in groups.items() if g not in ("mlp_in", "mlp_mid")}
     if full:
         for group, projs in groups.items():
             d = projs[0].d_in
@@ -137,12 +157,7 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
             inputs += readers * a * setup.lora_r  # lora_A's output, kept by lora_B
         if setup.method == "qlora":
             inputs += _four_bit_inputs(groups, layers, a, casts)
-    per_layer = 2 * norm + attention + mlp + inputs
-
-    head = 4 * h + 4  # final norm's fp32 input copy
-    if full:  # normalised input for the norm weight, and the head's input (cast under autocast)
-        head += rs * h + (a if casts else rs) * h
-    return Activations(per_layer=per_layer, head=head, checkpoint_input=rs * h)
+    return inputs
 
 
 def _four_bit_inputs(groups: dict[str, list[Projection]], layers: int, a: int, casts: bool) -> float:
@@ -382,7 +397,12 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     elif setup.optimizer == "adafactor":
         notes.append("Adafactor (torch): no first moment, second moment factored into rows + columns per matrix")
 
-    tokens = setup.micro_batch * setup.seq_len
+    tokens = setup.local_tokens
+    if setup.sequence_parallel > 1:
+        notes.append(f"sequence parallel over {setup.sequence_parallel} (DeepSpeed Ulysses): each process holds "
+                     f"1/{setup.sequence_parallel} of every sequence's activations and logits")
+    if setup.tiled_mlp:
+        notes.append("tiled MLP: each MLP keeps its input only; its intermediates are recomputed tile by tile")
     activations, logits = _activations_and_logits(shape, setup, tokens, grad_bytes, head_trains)
 
     transient = _forward_transients(shape, setup, trainable, grad_bytes, head_trains, notes)

@@ -82,6 +82,8 @@ class Setup:
     offload: bool = False  # runtime.fsdp_offload: FSDP2 CPU offload of sharded weights, gradients and states
     activation_offload: bool = False  # model.activation_offload: the decoder body's saved tensors in host RAM
     qlora_upcast: bool = True  # lora.qlora_upcast: QLoRA's unquantized weights (and so the residual stream) in fp32
+    tiled_mlp: bool = False  # model.tiled_mlp: the MLPs keep their input only, and run their forward twice
+    sequence_parallel: int = 1  # runtime.sequence_parallel: each sequence over this many of the processes
     # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.step.backward_window): no
     # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank; off
     # with runtime.fsdp_reduce_every_micro_batch (a reduce-scatter per micro-batch, only shards persist).
@@ -92,6 +94,13 @@ class Setup:
             raise ValueError("Setup.offload is FSDP2's CPU offload: it needs fsdp=True")
         if self.checkpoint_every < 1:
             raise ValueError(f"checkpoint_every must be at least 1, got {self.checkpoint_every}")
+        if self.sequence_parallel < 1 or self.processes % self.sequence_parallel:
+            raise ValueError(f"sequence_parallel {self.sequence_parallel} does not divide {self.processes} processes")
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one micro-batch on one process: its part of each sequence under sequence parallelism."""
+        return -(-self.micro_batch * self.seq_len // self.sequence_parallel)
 
     @property
     def lora(self) -> bool:
@@ -140,6 +149,10 @@ class Setup:
                        else f"checkpointing every {self.checkpoint_every} layers")
         if self.activation_offload:
             out.append("activation offload")
+        if self.tiled_mlp:
+            out.append("tiled MLP")
+        if self.sequence_parallel > 1:
+            out.append(f"sequence parallel over {self.sequence_parallel}")
         return out
 
     def describe(self) -> str:
@@ -152,19 +165,25 @@ class Setup:
         if self.fsdp:
             parts.append(f"FSDP over {self.processes}" + (" with CPU offload" if self.offload else "")
                          + (", reduce-scatter every micro-batch" if self.reduces_every_micro_batch else ""))
+        if self.tiled_mlp:
+            parts.append("tiled MLP")
+        if self.sequence_parallel > 1:
+            parts.append(f"each sequence over {self.sequence_parallel} processes")
         return ", ".join(parts)
 
 
 def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
               checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none",
-              reduce_every: bool | None = None, activation_offload: bool | None = None) -> Setup:
+              reduce_every: bool | None = None, activation_offload: bool | None = None,
+              tiled_mlp: bool | None = None, sequence_parallel: int | None = None) -> Setup:
     """``cfg`` run as ``method`` (full | lora | qlora) on ``device`` in ``precision``, at ``micro_batch`` per
     process over ``processes``: the one place config keys become the planner's ``Setup``.
 
     ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's),
-    ``sharding`` (none | fsdp | offload), ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch) and
-    ``activation_offload`` (model.activation_offload; both default to the config's) are what the saver ladder
-    varies. Weights are sized as model loading loads them (the runtime
+    ``sharding`` (none | fsdp | offload), ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch),
+    ``activation_offload``, ``tiled_mlp`` (model.*) and ``sequence_parallel`` (runtime.*; all default to the
+    config's) are what the saver ladder varies. Under sequence parallelism the processes form groups that each
+    draw one data-parallel share of the batch. Weights are sized as model loading loads them (the runtime
     policy's ``weight_dtype``); the accumulation keeps the effective batch."""
     if checkpoint_every is None:
         checkpoint_every = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
@@ -172,7 +191,12 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
         reduce_every = cfg.runtime.fsdp_reduce_every_micro_batch
     if activation_offload is None:
         activation_offload = cfg.model.activation_offload
-    per_process = cfg.train.effective_batch // processes
+    if tiled_mlp is None:
+        tiled_mlp = cfg.model.tiled_mlp
+    if sequence_parallel is None:  # the configured degree where it applies ("auto" is the ladder's to choose)
+        configured = cfg.runtime.sequence_parallel
+        sequence_parallel = configured if isinstance(configured, int) and processes % configured == 0 else 1
+    per_process = cfg.train.effective_batch // (processes // sequence_parallel)
     return Setup(method=method, device=device, precision=precision,
                  weight_bytes=weight_dtype(cfg.model.dtype, method != "full", device, precision).itemsize,
                  micro_batch=micro_batch, seq_len=cfg.data.max_length, gradient_checkpointing=checkpoint_every > 0,
@@ -182,7 +206,7 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
                  fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload,
-                 qlora_upcast=cfg.lora.qlora_upcast)
+                 qlora_upcast=cfg.lora.qlora_upcast, tiled_mlp=tiled_mlp, sequence_parallel=sequence_parallel)
 
 
 def config_overrides(s: Setup) -> list[str]:
@@ -197,6 +221,10 @@ def config_overrides(s: Setup) -> list[str]:
         out.append(f"model.checkpoint_every={s.checkpoint_every}")
     if s.activation_offload:
         out.append("model.activation_offload=true")
+    if s.tiled_mlp:
+        out.append("model.tiled_mlp=true")
+    if s.sequence_parallel > 1:
+        out.append(f"runtime.sequence_parallel={s.sequence_parallel}")
     out += [f"train.optimizer={s.optimizer}", f"runtime.sharding={'fsdp' if s.fsdp else 'none'}",
             f"runtime.fsdp_offload={str(s.offload).lower()}"]
     if s.reduces_every_micro_batch:

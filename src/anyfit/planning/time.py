@@ -22,7 +22,9 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     adapter parameters. Gradient checkpointing repeats the forward of the checkpointed layers (+2 N_body on
     every layer, +2 N_body / k with ``checkpoint_every`` = k).
     Attention (PaLM's count, no causal discount): 4 x layers x q_dim x seq forward, twice that backward,
-    + the forward again on the checkpointed layers.
+    + the forward again on the checkpointed layers. A tiled MLP runs the MLP's forward once more (+2 N_mlp).
+    Under sequence parallelism these are per token of a process's part (attention over the whole sequence for
+    1/N of the heads is 1/N of the whole attention).
     """
     n_mm = shape.matmul_params
     mm = (4 * n_mm + 6 * shape.lora_params(setup.lora_r, setup.lora_targets)) if setup.lora else 6 * n_mm
@@ -33,6 +35,8 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
         share = recomputed / max(1, shape.num_layers)
         mm += 2 * shape.body_linear_params * share
         attention += attn_fwd * share
+    if setup.tiled_mlp:
+        mm += 2 * sum(p.d_in * p.d_out * p.count for p in shape.projections if p.group in ("mlp_in", "mlp_mid"))
     return mm + attention
 
 
@@ -148,6 +152,22 @@ def communication_seconds(shape: ModelShape, setup: Setup, target: Target, micro
     return setup.accumulation * forward + (setup.accumulation - syncing) * backward + syncing * backward_sync
 
 
+def sequence_exchange_seconds(shape: ModelShape, setup: Setup, target: Target) -> float:
+    """Sequence parallelism's all-to-alls for one micro-batch (DeepSpeed Ulysses): in every layer's forward q, k
+    and v go from a sequence split to a head split and the attention output comes back, and the backward moves
+    their gradients the same way; a checkpointed layer's recompute runs its forward exchange again. Each process
+    sends (N-1)/N of its part over its link; on the attention's critical path, so not hidden. (With fewer
+    key/value heads than N, DeepSpeed repeats them first: more bytes than counted here.)"""
+    n = setup.sequence_parallel
+    if n == 1:
+        return 0.0
+    a = BYTES[setup.precision]
+    layers = max(1, shape.num_layers)
+    passes = 2 + setup.checkpointed_layers(layers) / layers
+    per_layer = a * setup.local_tokens * (2 * shape.q_dim + 2 * shape.kv_dim) * (n - 1) / n
+    return passes * layers * per_layer / ((target.interconnect_gbs or PCIE4_GBS) * 1e9)
+
+
 def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float) -> StepTime:
     """One optimizer step: the compute of each device's tokens, the bandwidth-bound optimizer update, and the
     exposed communication (``communication_seconds``).
@@ -156,7 +176,7 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     bytes (``streamed_bytes_per_token``) / memory bandwidth, so a small hidden size or a large vocabulary costs
     what its memory traffic costs; elsewhere FLOPs / (peak x MFU), the CPU's MFU measured against its own runs
     (benchmarks/PLAN_VS_MEASURED.md)."""
-    tokens = setup.micro_batch * setup.accumulation * tokens_per_sequence  # per device
+    tokens = setup.micro_batch * setup.accumulation * tokens_per_sequence / setup.sequence_parallel  # per device
     seq_setup = dataclasses.replace(setup, seq_len=max(1, round(tokens_per_sequence)))
     flops = flops_per_token(shape, seq_setup) * tokens
     peak = target.tflops(setup.precision) * 1e12
@@ -174,8 +194,9 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     forward = 2 * shape.matmul_params + 4 * shape.num_layers * shape.q_dim * seq_setup.seq_len
     communication = communication_seconds(shape, setup, target, compute / max(1, setup.accumulation),
                                           forward / flops_per_token(shape, seq_setup))
+    communication += setup.accumulation * sequence_exchange_seconds(shape, seq_setup, target)
     if setup.activation_offload and setup.device == "cuda":  # out and back, on the compute stream: not hidden
-        micro_tokens = round(setup.micro_batch * tokens_per_sequence)
+        micro_tokens = round(setup.micro_batch * tokens_per_sequence / setup.sequence_parallel)
         moved = offloaded_activation_bytes(shape, seq_setup, micro_tokens)
         communication += setup.accumulation * 2 * moved / (target.host_link_gbs * 1e9)
     return StepTime(compute, optimizer, communication)

@@ -22,7 +22,7 @@ import torch
 from torch.profiler import record_function
 from tqdm.auto import tqdm
 
-from anyfit.backends import Backend, choose_backend
+from anyfit.backends import Backend, choose_backend, choose_sequence_parallel
 from anyfit.backends.sequence import SequenceSplit, split_attention
 from anyfit.config import Config
 from anyfit.data.batching import (
@@ -133,13 +133,15 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
 
     say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     # runtime.sequence_parallel: groups of N processes share each sequence; the groups split the window's data
-    split = SequenceSplit.of(cfg.runtime.sequence_parallel, accelerator.process_index, accelerator.num_processes)
+    degree, split_reason = choose_sequence_parallel(cfg, accelerator.num_processes)
+    split = SequenceSplit.of(degree, accelerator.process_index, accelerator.num_processes)
     plan = BatchPlan.from_config(cfg.train, split.data_size)
     backend = choose_backend(cfg, policy, accelerator.num_processes, plan.micro_batch, plan.accumulation)
     check_optimizer(cfg.train.optimizer, policy.device, backend.sharded)
     start = where_to_start(cfg, backend, accelerator, say)  # fresh, resumed or restarted, and whether it may
     resume_from, out = start.resume_from, start.out
-    say(f"[anyfit] runtime: {policy.describe()}\n  - {backend.reason}")
+    say(f"[anyfit] runtime: {policy.describe()}\n  - {backend.reason}"
+        + (f"\n  - {split_reason}" if split_reason else ""))
     say(f"[anyfit] batch: effective batch {plan.effective_batch}, micro-batch auto (measured once the model is "
         f"loaded)" if cfg.train.micro_batch == "auto" else f"[anyfit] batch: {plan.describe()}")
     set_seed(cfg.train.seed)

@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from anyfit.backends.sequence import SequenceSplit, sequence_parallel_problem, shard_batch
+from anyfit.backends.sequence import SequenceSplit, shard_batch
 from anyfit.config import load_config
 from anyfit.data.batching import collate
+from anyfit.hardware.runtime import sequence_parallel_problem
 
 EXAMPLES = [{"input_ids": [11, 12, 13, 14, 15], "labels": [-100, 12, 13, 14, 15]},
             {"input_ids": [31, 32, 33, 34], "labels": [-100, 32, 33, 34]},

@@ -34,7 +34,7 @@ def test_auto_does_not_shard_beside_a_deepspeed_launch(monkeypatch, tiny_llama_d
 
     from anyfit.config import load_config
     from anyfit.model.shape import shape_from_config
-    from anyfit.planning.ladder import recommend_sharding
+    from anyfit.planning.recommend import recommend_sharding
     from anyfit.planning.presets import custom_target
 
     cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "data.path=d.jsonl", "train.effective_batch=8"])

@@ -62,7 +62,7 @@ def test_plan_and_auto_pick_the_same_micro_batch(tiny_llama_dir, packing):
 def test_recommend_sharding_plans_the_micro_batch_the_run_uses(tiny_llama_dir, effective, processes, micro):
     """runtime.sharding=auto decides on the micro-batch BatchPlan.from_config gives the run (effective 8 over 4
     processes with micro_batch 4: each process has 2 sequences, so the run uses 2, and so does the estimate)."""
-    from anyfit.planning.ladder import recommend_sharding
+    from anyfit.planning.recommend import recommend_sharding
 
     cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", f"train.effective_batch={effective}",
                              f"train.micro_batch={micro}", "runtime.device=cpu"])
@@ -78,7 +78,7 @@ def test_recommend_sharding_plans_the_micro_batch_the_run_uses(tiny_llama_dir, e
 
 
 def test_a_batch_split_the_run_refuses_is_not_planned(tiny_llama_dir):
-    from anyfit.planning.ladder import recommend_sharding
+    from anyfit.planning.recommend import recommend_sharding
 
     cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "train.effective_batch=12",
                              "train.micro_batch=4", "runtime.device=cpu"])

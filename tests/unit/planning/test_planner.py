@@ -33,7 +33,8 @@ from transformers import (
 from anyfit.config import ConfigError, load_config
 from anyfit.data.batching import micro_batch_candidates
 from anyfit.model.shape import kv_cache_bytes, model_shape, shape_from_config
-from anyfit.planning.ladder import plan_target, recommend_sharding
+from anyfit.planning.ladder import plan_target
+from anyfit.planning.recommend import recommend_sharding
 from anyfit.planning.memory import activation_bytes, estimate_memory, optimizer_state_bytes
 from anyfit.planning.presets import PRESETS, Target, custom_target, targets_from_args
 from anyfit.planning.report import plan_dict, plan_report
