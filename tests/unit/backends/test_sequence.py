@@ -75,3 +75,16 @@ def test_splits_that_run_are_not_refused():
     assert sequence_parallel_problem(_cfg(), 1, 4, 2) == ""
     assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=4"), 8, 32, 2) == ""  # kv heads replicated
     assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=2", "runtime.sharding=fsdp"), 2, 4, 2) == ""
+
+
+def test_the_run_takes_its_degree_from_the_config_or_the_plan_and_says_why(tiny_llama_dir):
+    from anyfit.backends import choose_sequence_parallel
+    from anyfit.config import ConfigError
+
+    model = f"model.name_or_path={tiny_llama_dir}"
+    assert choose_sequence_parallel(load_config(None, [model]), 2) == (1, "")
+    degree, why = choose_sequence_parallel(load_config(None, [model, "runtime.sequence_parallel=auto"]), 2)
+    assert degree == 1 and why.startswith("sequence parallel 1 (auto): the unsplit run fits")
+    assert choose_sequence_parallel(load_config(None, [model, "runtime.sequence_parallel=2"]), 2)[0] == 2
+    with pytest.raises(ConfigError, match="cannot be split 3 ways"):  # 4 heads
+        choose_sequence_parallel(load_config(None, [model, "runtime.sequence_parallel=3"]), 3)

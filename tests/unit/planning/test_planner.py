@@ -34,12 +34,12 @@ from anyfit.config import ConfigError, load_config
 from anyfit.data.batching import micro_batch_candidates
 from anyfit.model.shape import kv_cache_bytes, model_shape, shape_from_config
 from anyfit.planning.ladder import plan_target
-from anyfit.planning.recommend import recommend_sharding
 from anyfit.planning.memory import activation_bytes, estimate_memory, optimizer_state_bytes
 from anyfit.planning.presets import PRESETS, Target, custom_target, targets_from_args
+from anyfit.planning.recommend import recommend_sharding
 from anyfit.planning.report import plan_dict, plan_report
-from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup
-from anyfit.planning.time import communication_seconds, flops_per_token, step_time
+from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup, config_overrides
+from anyfit.planning.time import communication_seconds, flops_per_token, sequence_exchange_seconds, step_time
 from anyfit.units import GIB
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -210,6 +210,36 @@ def test_activation_formula_matches_autograd_saved_tensors(method, dropout, prec
     # (its norm input and the dropout noise of q, k, v): the formula overestimates one layer of many.
     low = -0.15 * per_layer if method == "lora" else 0
     assert low <= rest <= 8 * tokens + 2 * seq * shape.head_dim * 4
+
+
+@pytest.mark.parametrize("method,dropout,precision", [
+    ("full", 0.0, "fp32"), ("lora", 0.05, "fp32"), ("full", 0.0, "bf16")],
+    ids=["full-fp32", "lora-dropout-fp32", "full-bf16-autocast"])
+def test_tiled_mlp_activations_match_autograd_saved_tensors(method, dropout, precision):
+    """model.tiled_mlp keeps the MLP's input only (anyfit.model.tiled): the formula against what autograd saves,
+    over 200 tokens of a 64-wide model (4 tiles per MLP)."""
+    from peft import LoraConfig, get_peft_model
+
+    from anyfit.model.tiled import tile_mlps
+
+    batch_size, seq = 2, 100
+    ids = torch.randint(0, 1000, (batch_size, seq), generator=torch.Generator().manual_seed(0))
+    measured = {}
+    for layers in (2, 4):
+        cfg = Qwen2Config(**{**TINY, "num_hidden_layers": layers}, tie_word_embeddings=True)
+        model = Qwen2ForCausalLM(cfg)
+        if method == "lora":
+            model = get_peft_model(model, LoraConfig(r=4, lora_dropout=dropout, target_modules="all-linear"))
+        tile_mlps(model)
+        model.train()
+        measured[layers] = saved_bytes(model, {"input_ids": ids}, precision == "bf16")
+    shape = shape_from_config(cfg)
+    setup = Setup(method=method, device="cpu", precision=precision, weight_bytes=4, micro_batch=batch_size,
+                  seq_len=seq, lora_r=4, lora_dropout=dropout, padding=False, tiled_mlp=True)
+    per_layer = (measured[4] - measured[2]) / 2
+    if precision == "bf16":  # autocast's bf16 copies of the attention's weights (the MLP's are made in its tiles)
+        per_layer -= sum(p.d_in * p.d_out for p in shape.projections if p.group.startswith("attn")) * 2
+    assert per_layer == activation_bytes(shape, setup).per_layer * batch_size * seq
 
 
 # --- memory estimates --------------------------------------------------------------------------------
@@ -827,3 +857,66 @@ def test_a_fixed_micro_batch_is_planned_as_given():
     small = plan_target(config("train.effective_batch=16", "data.max_length=32768"), shape, PRESETS["t4"],
                         micro_batch=16)
     assert small.setup is None or small.setup.micro_batch == 16
+
+
+# --- long sequences: the tiled MLP and sequence parallelism ------------------------------------------
+
+
+def qwen25_15b() -> Qwen2Config:
+    return Qwen2Config(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                       num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)
+
+
+def test_sequence_parallelism_divides_what_each_process_holds_of_a_sequence_and_costs_all_to_alls():
+    shape = shape_from_config(qwen25_15b())
+    one = dataclasses.replace(setup_for(ckpt=True, processes=4, fsdp=True, padding=False), seq_len=131072)
+    four = dataclasses.replace(one, sequence_parallel=4)
+    m1, m4 = estimate_memory(shape, one), estimate_memory(shape, four)
+    assert m4.weights == m1.weights and m4.optimizer == m1.optimizer  # the split is of the tokens only
+    assert m4.activations == pytest.approx(m1.activations / 4, rel=0.01)
+    assert m4.logits == pytest.approx(m1.logits / 4, rel=0.01)
+    assert any("sequence parallel over 4" in n for n in m4.notes)
+    target = PRESETS["8xh100"]
+    t1, t4 = step_time(shape, one, target, 131072), step_time(shape, four, target, 131072)
+    assert t4.compute == pytest.approx(t1.compute / 4, rel=0.01)  # a quarter of each sequence's work, per process
+    exchange = sequence_exchange_seconds(shape, four, target)
+    # q, k, v in and the output back, forward, backward and the checkpointed recompute: 3 passes x 28 layers
+    a_token = 2 * (2 * shape.q_dim + 2 * shape.kv_dim) * 3 / 4 * 28 * 3
+    assert exchange == pytest.approx(a_token * 131072 / 4 / (target.interconnect_gbs * 1e9))
+    assert t4.communication >= exchange
+    with pytest.raises(ValueError, match="does not divide"):
+        dataclasses.replace(one, sequence_parallel=3)
+
+
+def test_the_plan_names_sequence_parallelism_when_one_gpu_cannot_hold_a_sequence():
+    """runtime.sequence_parallel=auto: 32k tokens fit one H100 with the cheap savers, 128k do not (the logits of
+    Qwen's 152k vocabulary alone are 37 GiB in bf16) and are split; a configured degree is planned as given."""
+    shape = shape_from_config(qwen25_15b())
+    common = ("train.effective_batch=8", "train.packing=true", "runtime.sequence_parallel=auto")
+    fits = plan_target(config("data.max_length=32768", *common), shape, PRESETS["h100"])
+    assert fits.verdict.startswith("fits with") and fits.setup.sequence_parallel == 1
+    long = plan_target(config("data.max_length=131072", *common), shape, PRESETS["8xh100"])
+    assert "sequence parallelism over" in long.verdict and long.setup.sequence_parallel > 1
+    assert f"runtime.sequence_parallel={long.setup.sequence_parallel}" in config_overrides(long.setup)
+    unsplit = plan_target(config("data.max_length=131072", "train.effective_batch=8", "train.packing=true",
+                                 "runtime.sharding=fsdp"), shape, PRESETS["8xh100"])
+    assert unsplit.setup is None or unsplit.setup.method != "full" or unsplit.setup.offload  # not as configured
+    given = plan_target(config("data.max_length=131072", "runtime.sequence_parallel=2", "train.effective_batch=8"),
+                        shape, PRESETS["8xh100"])
+    assert given.setup is None or given.setup.sequence_parallel == 2
+
+
+def test_sequence_parallel_auto_at_start_up_says_why(tmp_path):
+    from anyfit.planning.recommend import recommend_sequence_parallel
+
+    shape = shape_from_config(qwen25_15b())
+    auto = "runtime.sequence_parallel=auto"
+    assert recommend_sequence_parallel(config("data.max_length=32768", auto), shape, PRESETS["8xh100"], 1)[0] == 1
+    degree, why = recommend_sequence_parallel(config("data.max_length=4096", "train.effective_batch=8", auto),
+                                              shape, PRESETS["8xh100"], 8)
+    assert degree == 1 and why.startswith("the unsplit run fits")
+    degree, why = recommend_sequence_parallel(config("data.max_length=131072", "train.effective_batch=8", auto,
+                                                     "runtime.sharding=fsdp", "model.gradient_checkpointing=true",
+                                                     "train.optimizer=adamw_8bit", "train.packing=true"),
+                                              shape, PRESETS["8xh100"], 8)
+    assert degree in (2, 4) and "each sequence over" in why, why  # 12 heads, 2 kv heads: 2, 4 (kv repeated), 6
