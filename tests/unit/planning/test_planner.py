@@ -173,26 +173,35 @@ def saved_bytes(model: torch.nn.Module, batch: dict, autocast: bool) -> int:
     return sum(seen.values())
 
 
-@pytest.mark.parametrize("method,dropout,precision", [
-    ("full", 0.0, "fp32"), ("lora", 0.05, "fp32"), ("lora", 0.0, "fp32"), ("full", 0.0, "bf16")],
-    ids=["full-fp32", "lora-dropout-fp32", "lora-fp32", "full-bf16-autocast"])
-@pytest.mark.parametrize("padding", [False, True], ids=["no-padding", "padding"])
-def test_activation_formula_matches_autograd_saved_tensors(method, dropout, precision, padding):
+def saved_by_depth(method: str, dropout: float, precision: str, batch: dict, wrap=None) -> tuple[dict, Qwen2Config]:
+    """Bytes autograd saves in one forward of the tiny Qwen2 at 2 and 4 layers (their difference: two layers'),
+    and the config of the deeper one."""
     from peft import LoraConfig, get_peft_model
 
-    batch_size, seq = 2, 48
-    ids = torch.randint(0, 1000, (batch_size, seq), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    if padding:
-        mask[1, 40:] = 0
     measured = {}
     for layers in (2, 4):
         cfg = Qwen2Config(**{**TINY, "num_hidden_layers": layers}, tie_word_embeddings=True)
         model = Qwen2ForCausalLM(cfg)
         if method == "lora":
             model = get_peft_model(model, LoraConfig(r=4, lora_dropout=dropout, target_modules="all-linear"))
+        if wrap:
+            wrap(model)
         model.train()
-        measured[layers] = saved_bytes(model, {"input_ids": ids, "attention_mask": mask}, precision == "bf16")
+        measured[layers] = saved_bytes(model, batch, precision == "bf16")
+    return measured, cfg
+
+
+@pytest.mark.parametrize("method,dropout,precision", [
+    ("full", 0.0, "fp32"), ("lora", 0.05, "fp32"), ("lora", 0.0, "fp32"), ("full", 0.0, "bf16")],
+    ids=["full-fp32", "lora-dropout-fp32", "lora-fp32", "full-bf16-autocast"])
+@pytest.mark.parametrize("padding", [False, True], ids=["no-padding", "padding"])
+def test_activation_formula_matches_autograd_saved_tensors(method, dropout, precision, padding):
+    batch_size, seq = 2, 48
+    ids = torch.randint(0, 1000, (batch_size, seq), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    if padding:
+        mask[1, 40:] = 0
+    measured, cfg = saved_by_depth(method, dropout, precision, {"input_ids": ids, "attention_mask": mask})
     shape = shape_from_config(cfg)
     setup = Setup(method=method, device="cpu", precision=precision, weight_bytes=4, micro_batch=batch_size,
                   seq_len=seq, lora_r=4, lora_dropout=dropout, padding=padding)
@@ -218,21 +227,11 @@ def test_activation_formula_matches_autograd_saved_tensors(method, dropout, prec
 def test_tiled_mlp_activations_match_autograd_saved_tensors(method, dropout, precision):
     """model.tiled_mlp keeps the MLP's input only (anyfit.model.tiled): the formula against what autograd saves,
     over 200 tokens of a 64-wide model (4 tiles per MLP)."""
-    from peft import LoraConfig, get_peft_model
-
     from anyfit.model.tiled import tile_mlps
 
     batch_size, seq = 2, 100
     ids = torch.randint(0, 1000, (batch_size, seq), generator=torch.Generator().manual_seed(0))
-    measured = {}
-    for layers in (2, 4):
-        cfg = Qwen2Config(**{**TINY, "num_hidden_layers": layers}, tie_word_embeddings=True)
-        model = Qwen2ForCausalLM(cfg)
-        if method == "lora":
-            model = get_peft_model(model, LoraConfig(r=4, lora_dropout=dropout, target_modules="all-linear"))
-        tile_mlps(model)
-        model.train()
-        measured[layers] = saved_bytes(model, {"input_ids": ids}, precision == "bf16")
+    measured, cfg = saved_by_depth(method, dropout, precision, {"input_ids": ids}, tile_mlps)
     shape = shape_from_config(cfg)
     setup = Setup(method=method, device="cpu", precision=precision, weight_bytes=4, micro_batch=batch_size,
                   seq_len=seq, lora_r=4, lora_dropout=dropout, padding=False, tiled_mlp=True)
