@@ -23,6 +23,9 @@ def _breakdown(p: dict[str, Any]) -> list[str]:
         lines.append(f"    {name:30s} {_ms(seconds)}  {seconds / wall:6.1%}")
     lines.append(f"    {'of which communication':30s} {_ms(p['communication_s'])}  {p['communication_s'] / wall:6.1%}"
                  "  (all-reduce / reduce-scatter / all-gather; may overlap backward)")
+    if p.get("exchange_s"):
+        lines.append(f"    {'  of which sequence all-to-all':30s} {_ms(p['exchange_s'])}  {p['exchange_s'] / wall:6.1%}"
+                     "  (sequence parallelism: q, k, v and the attention output between processes)")
     lines.append(f"    {'of which host syncs':30s} {_ms(p['host_sync_s'])}  {p['host_sync_s'] / wall:6.1%}"
                  f"  ({p['host_syncs']} per step)")
     lines.append(f"    {'of which logits and loss':30s} {_ms(p['loss_s'])}  {p['loss_s'] / wall:6.1%}")

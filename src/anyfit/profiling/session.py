@@ -174,11 +174,14 @@ class StepProfiler:
         return {
             "rank": run.accelerator.process_index, "device": run.policy.device, "precision": run.policy.precision,
             "steps": list(steps), "step_s": mean.wall, "untraced_step_s": p.untraced_step, "phases_s": mean.phases,
-            "communication_s": mean.communication, "host_sync_s": mean.host_sync, "host_syncs": mean.host_syncs,
+            "communication_s": mean.communication, "exchange_s": mean.exchange, "host_sync_s": mean.host_sync,
+            "host_syncs": mean.host_syncs,
             "device_idle_s": mean.device_idle, "loss_s": mean.loss,
             "top_operators": top_operators(prof.key_averages(), len(steps), mean.wall, run.policy.device == "cuda"),
-            "tokens_per_s": now.real_tokens * run.accelerator.num_processes / mean.wall if mean.wall else 0.0,
-            "mfu": flops / seconds / run.peak.flops_per_s if seconds and run.peak else None,
+            # data-parallel groups: under sequence parallelism a group's processes share their examples
+            "tokens_per_s": now.real_tokens * sampler.plan.processes / mean.wall if mean.wall else 0.0,
+            "mfu": (flops * sampler.plan.processes / run.accelerator.num_processes / seconds / run.peak.flops_per_s
+                    if seconds and run.peak else None),
             "peak": run.peak.as_dict() if run.peak else None,
             "padding_share": now.padding, "truncated_examples": run.report.truncated,
             "truncated_tokens": run.report.truncated_tokens, "data_tokens": run.report.total_tokens,

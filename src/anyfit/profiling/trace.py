@@ -8,7 +8,8 @@ profiler's events as plain ``Span`` records (so the arithmetic is tested on hand
 - the phases (host wall time of each range; they do not overlap), and what lies outside them (``other``:
   the loop's own bookkeeping, metrics, the scheduler);
 - communication: the union of the collectives' intervals (c10d/gloo host ops, NCCL kernels), which may
-  overlap the backward pass (DDP reduces buckets while it runs);
+  overlap the backward pass (DDP reduces buckets while it runs); of which ``exchange``: sequence parallelism's
+  all-to-alls (on the attention's critical path: never overlapped);
 - host syncs: the host waiting for the device (``aten::_local_scalar_dense`` behind ``.item()``/``bool()``,
   ``cuda*Synchronize``);
 - on CUDA, the device's idle gaps (the step's wall time not covered by any kernel) and the kernels' split into
@@ -29,6 +30,7 @@ PHASES = ("data_wait", "h2d", "forward", "backward", "optimizer")
 PREFIX = "anyfit."
 STEP = re.compile(r"^ProfilerStep[#*]")
 COMMUNICATION = re.compile(r"all_?reduce|reduce_?scatter|all_?gather|allgather|broadcast|^nccl|^gloo|c10d::", re.I)
+EXCHANGE = re.compile(r"all_?to_?all|SendRecv", re.I)  # NCCL runs an all-to-all as grouped send/recv kernels
 HOST_SYNC = re.compile(r"^(aten::_local_scalar_dense|cuda(Stream|Device|Event)Synchronize)$")
 MATMUL_KERNEL = re.compile(r"gemm|matmul|cutlass|xmma|cublas|_mma|wgmma", re.I)
 LOSS_BACKWARD = re.compile(r"CrossEntropy.*Backward|NllLossBackward|LogSoftmaxBackward")
@@ -75,6 +77,7 @@ class StepTimes:
     wall: float
     phases: dict[str, float]  # PHASES and "other"
     communication: float = 0.0
+    exchange: float = 0.0  # of communication: sequence parallelism's all-to-alls
     host_sync: float = 0.0
     host_syncs: int = 0
     loss: float = 0.0
@@ -122,8 +125,12 @@ def _one_step(step: Span, host: list[Span], kernels: list[Span]) -> StepTimes:
         times.device_matmul = union_seconds([k for k in kernels if MATMUL_KERNEL.search(k.name)])
         times.device_communication = union_seconds(comm_kernels)
         times.communication = union_seconds(comm_kernels) or union_seconds(comm_host)
+        exchange = [k for k in comm_kernels if EXCHANGE.search(k.name)] or \
+            [s for s in comm_host if EXCHANGE.search(s.name)]
     else:
         times.communication = union_seconds(comm_host)
+        exchange = [s for s in comm_host if EXCHANGE.search(s.name)]
+    times.exchange = union_seconds(exchange)
     return times
 
 
@@ -139,7 +146,8 @@ def mean_step(steps: list[StepTimes]) -> StepTimes:
     return StepTimes(
         wall=avg(s.wall for s in steps),
         phases={p: avg(s.phases[p] for s in steps) for p in (*PHASES, "other")},
-        communication=avg(s.communication for s in steps), host_sync=avg(s.host_sync for s in steps),
+        communication=avg(s.communication for s in steps), exchange=avg(s.exchange for s in steps),
+        host_sync=avg(s.host_sync for s in steps),
         host_syncs=round(avg(s.host_syncs for s in steps)), loss=avg(s.loss for s in steps),
         device_busy=sum(busy) / len(busy) if busy else None,
         device_matmul=avg(s.device_matmul for s in steps),

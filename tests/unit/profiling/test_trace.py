@@ -42,3 +42,19 @@ def test_phases_communication_syncs_and_idle():
 def test_mean_over_steps():
     mean = mean_step(step_times(_step(0, False) + _step(20, False)))
     assert mean.wall == pytest.approx(10) and len(mean.micro) == 4
+
+
+def test_sequence_parallelisms_all_to_alls_are_named_within_communication():
+    """Ulysses' all-to-alls: gloo's host ops on a CPU, NCCL's grouped send/recv kernels on CUDA; the gradient
+    all-reduce stays communication only."""
+    o = 0.0
+    host = [Span("ProfilerStep#1", o, o + 10), Span("anyfit.forward", o, o + 4), Span("anyfit.backward", o + 4, o + 9),
+            Span("c10d::alltoall_base_", o + 1, o + 1.5), Span("gloo:all_to_all", o + 1.1, o + 1.4),
+            Span("c10d::alltoall_base_", o + 5, o + 5.5), Span("c10d::allreduce_", o + 8, o + 9)]
+    (cpu,) = step_times(host)
+    assert cpu.exchange == pytest.approx(1.0) and cpu.communication == pytest.approx(2.0)
+    kernels = [Span("ncclDevKernel_SendRecv", o + 1, o + 1.2, True), Span("ncclDevKernel_SendRecv", o + 5, o + 5.3, True),
+               Span("ncclDevKernel_AllReduce_Sum", o + 8, o + 8.5, True)]
+    (gpu,) = step_times(host + kernels)
+    assert gpu.exchange == pytest.approx(0.5) and gpu.communication == pytest.approx(1.0)
+    assert mean_step([cpu, gpu]).exchange == pytest.approx(0.75)
