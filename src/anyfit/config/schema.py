@@ -175,6 +175,11 @@ class TrainConfig:
     loss_chunk_tokens: int = _f(
         1024, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
         "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")
+    fused_loss: bool = _f(
+        False, "Run the output layer and the loss together, loss_chunk_tokens rows at a time, so the logits of all "
+        "trained positions never exist (tokens x vocabulary: 9 GiB in bf16 at 32k tokens of a 152k vocabulary, "
+        "twice that with their gradient). Costs one more output-layer matmul per token in the backward. For "
+        "Llama, Mistral, Qwen2/3 (MoE too), Phi-3, SmolLM3 and OLMo-2 models.")
     max_nonfinite_steps: int = _f(
         3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "
         "(each one is skipped: no update).")

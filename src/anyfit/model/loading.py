@@ -21,6 +21,7 @@ from anyfit.hub import check_model_id
 from anyfit.model.attention import register as register_varlen_attention
 from anyfit.model.gguf_cache import drop_gguf_quantizer
 from anyfit.model.offload import offload_activations
+from anyfit.model.head import fuse_head
 from anyfit.model.tiled import tile_mlps
 from anyfit.model.shape import resolve_lora_targets
 from anyfit.model.source import ModelSource, locate_model
@@ -90,6 +91,8 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         offload_activations(model, pin=policy.device == "cuda")
     if cfg.model.tiled_mlp:
         tile_mlps(model)
+    if cfg.train.fused_loss:
+        fuse_head(model)
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
     return model

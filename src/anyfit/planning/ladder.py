@@ -17,6 +17,7 @@ from anyfit.hardware.runtime import (
     sequence_parallel_problem,
     sharding_refusal,
 )
+from anyfit.model.head import PLAIN_HEAD
 from anyfit.model.shape import ModelShape
 from anyfit.planning.memory import MemoryEstimate, estimate_memory
 from anyfit.planning.presets import PCIE4_GBS, Target
@@ -143,6 +144,7 @@ class _Option:
     act_offload: bool = False  # model.activation_offload
     tiled: bool = False  # model.tiled_mlp
     sp: int = 1  # runtime.sequence_parallel
+    fused: bool = False  # train.fused_loss
 
 
 # The saver ladder, cheapest first:
@@ -154,6 +156,8 @@ class _Option:
 #   RAM, two PCIe copies per micro-batch (long sequences: what checkpointing alone cannot bring down);
 # - the tiled MLP on top of checkpointing every layer: the recomputed layer's MLP intermediates, one tile at a time
 #   (long sequences), for one more MLP forward;
+# - the fused head and loss: no logits of all trained positions, for one more head matmul per token (models whose
+#   logits are the head's output as it is);
 # - FSDP sharding: 1/N of everything, for the communication compute cannot hide (little over NVLink, a lot over
 #   PCIe); with accumulation, a reduce-scatter every micro-batch also drops the unsharded fp32 gradient;
 # - CPU offload: every weight crosses PCIe twice per micro-batch and the optimizer runs on the CPU.
@@ -211,6 +215,8 @@ class _Planner:
         self.ckpt = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
         self.act_offload = cfg.model.activation_offload
         self.tiled = cfg.model.tiled_mlp
+        self.fused = cfg.train.fused_loss
+        self.can_fuse = shape.model_type in PLAIN_HEAD and cfg.train.loss_chunk_tokens > 0
         self.sp = cfg.runtime.sequence_parallel  # a number is kept; "auto" lets the ladder choose
         sharding = cfg.runtime.sharding
         self.reduce = cfg.runtime.fsdp_reduce_every_micro_batch  # configured: kept; else the ladder may add it
@@ -257,7 +263,7 @@ class _Planner:
                 self.notes.append(note)
             sp = 1
         return _Option(self.method, self.ckpt, self.optimizer, sharding, processes, (0, 0),
-                       self.reduce and sharding != "none", self.act_offload, self.tiled, sp)
+                       self.reduce and sharding != "none", self.act_offload, self.tiled, sp, self.fused)
 
     def sp_problem(self, processes: int, degree: int) -> str:
         """Why ``processes`` cannot split each sequence ``degree`` ways ('' when they can): the loop's rule, and
@@ -319,9 +325,10 @@ class _Planner:
         def tiles(k: int) -> tuple[bool, ...]:  # a configured tiled MLP is kept; else only with full checkpointing
             return (True,) if self.tiled else (False, True) if k == 1 else (False,)
 
-        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt, sp)), red, off, tiled, sp)
+        fuses = (True,) if self.fused else (False, True) if self.can_fuse else (False,)  # a configured one is kept
+        return [_Option(method, k, opt, sh, processes, (rank, saver_rank(sh, opt, sp)), red, off, tiled, sp, fused)
                 for sp in self.sp_degrees(processes) for opt in optimizers for sh in allowed(opt)
-                for red in reduces(sh) for k in unique for off in offloads(k) for tiled in tiles(k)]
+                for red in reduces(sh) for k in unique for off in offloads(k) for tiled in tiles(k) for fused in fuses]
 
     def fit(self, option: _Option) -> tuple[Setup, MemoryEstimate] | None:
         """The largest micro-batch that fits ``option`` (the rule micro_batch=auto follows, with estimated
@@ -335,7 +342,7 @@ class _Planner:
             return setup_for(cfg, method=method, device=self.target.device, precision=precision, micro_batch=micro,
                              processes=option.processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
                              sharding=option.sharding, reduce_every=option.reduce, activation_offload=option.act_offload,
-                             tiled_mlp=option.tiled, sequence_parallel=option.sp)
+                             tiled_mlp=option.tiled, sequence_parallel=option.sp, fused_loss=option.fused)
 
         def peak(m: int) -> int:
             return estimate_memory(self.shape, setup(m), overhead_gib=self.overhead_gib).peak
@@ -372,7 +379,8 @@ class _Planner:
         for i, option in enumerate(options):
             found = self.fit(option)
             if found:
-                scored.append(((option.tier, self.seconds(found[0]), i), option, *found))
+                # to the millisecond: a saver whose extra compute only hides as much communication (offload) ties
+                scored.append(((option.tier, round(self.seconds(found[0]), 3), i), option, *found))
         if not scored:
             return None
         _, option, setup, mem = min(scored, key=lambda x: x[0])
@@ -382,7 +390,8 @@ class _Planner:
 _REDUCE_EVERY = "reduce-scatter every micro-batch"
 _ACT_OFFLOAD = "activation offload"
 _TILED = "tiled MLP"
-_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY, _ACT_OFFLOAD, _TILED)
+_FUSED = "fused loss"
+_CHEAP = ("8-bit AdamW", "paged 8-bit AdamW", "checkpointing", _REDUCE_EVERY, _ACT_OFFLOAD, _TILED, _FUSED)
 
 
 def _verdict(setup: Setup, configured: _Option) -> str:
@@ -413,6 +422,8 @@ def _verdict(setup: Setup, configured: _Option) -> str:
         added.append(_ACT_OFFLOAD)
     if setup.tiled_mlp and not configured.tiled:
         added.append(_TILED)
+    if setup.fused_loss and not configured.fused:
+        added.append(_FUSED)
     if not added:
         return "fits"
     if all(a.startswith(_CHEAP) or a == "gradient checkpointing" for a in added):

@@ -279,7 +279,16 @@ def _activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_b
     # head's weight gradient (a new V x h tensor, accumulated into .grad) next to the logits' gradient.
     logit_bytes = 4 if setup.loss_chunk_tokens <= 0 else a  # the head's output dtype (autocast: a)
     head_grad = shape.vocab_size * shape.hidden_size * grad_bytes if head_trains else 0
-    if setup.fsdp:  # the head's gradient is an unsharded root-unit gradient: counted with FSDP's transients
+    if setup.fused_loss:
+        # anyfit.training.loss.FusedHeadCrossEntropy: one chunk's fp32 logits and their low-precision copy, the
+        # head weight cast once, its fp32 gradient accumulator (then cast to the weight's dtype), and the head's
+        # input kept for the backward (already among the head's activations when the model trains fully)
+        chunk = setup.loss_chunk_tokens or 1024
+        head = shape.vocab_size * shape.hidden_size
+        logits = (min(chunk, tokens) * shape.vocab_size * (4 + a) + (head * a if a < setup.weight_bytes else 0)
+                  + (head * 4 + (0 if setup.fsdp else head_grad) if head_trains else 0)
+                  + (0 if setup.method == "full" else tokens * shape.hidden_size * 4))
+    elif setup.fsdp:  # the head's gradient is an unsharded root-unit gradient: counted with FSDP's transients
         logits = logits_bytes(shape, tokens, logit_bytes, setup.loss_chunk_tokens)
     else:
         logits = max(logits_bytes(shape, tokens, logit_bytes, setup.loss_chunk_tokens),

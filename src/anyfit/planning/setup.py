@@ -84,6 +84,7 @@ class Setup:
     qlora_upcast: bool = True  # lora.qlora_upcast: QLoRA's unquantized weights (and so the residual stream) in fp32
     tiled_mlp: bool = False  # model.tiled_mlp: the MLPs keep their input only, and run their forward twice
     sequence_parallel: int = 1  # runtime.sequence_parallel: each sequence over this many of the processes
+    fused_loss: bool = False  # train.fused_loss: head and loss chunk by chunk, no logits of all trained positions
     # What anyfit's loop does under FSDP with accumulation > 1 (anyfit.training.step.backward_window): no
     # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank; off
     # with runtime.fsdp_reduce_every_micro_batch (a reduce-scatter per micro-batch, only shards persist).
@@ -151,6 +152,8 @@ class Setup:
             out.append("activation offload")
         if self.tiled_mlp:
             out.append("tiled MLP")
+        if self.fused_loss:
+            out.append("fused loss")
         if self.sequence_parallel > 1:
             out.append(f"sequence parallel over {self.sequence_parallel}")
         return out
@@ -167,6 +170,8 @@ class Setup:
                          + (", reduce-scatter every micro-batch" if self.reduces_every_micro_batch else ""))
         if self.tiled_mlp:
             parts.append("tiled MLP")
+        if self.fused_loss:
+            parts.append("fused head and loss")
         if self.sequence_parallel > 1:
             parts.append(f"each sequence over {self.sequence_parallel} processes")
         return ", ".join(parts)
@@ -175,14 +180,15 @@ class Setup:
 def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
               checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none",
               reduce_every: bool | None = None, activation_offload: bool | None = None,
-              tiled_mlp: bool | None = None, sequence_parallel: int | None = None) -> Setup:
+              tiled_mlp: bool | None = None, sequence_parallel: int | None = None,
+              fused_loss: bool | None = None) -> Setup:
     """``cfg`` run as ``method`` (full | lora | qlora) on ``device`` in ``precision``, at ``micro_batch`` per
     process over ``processes``: the one place config keys become the planner's ``Setup``.
 
     ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's),
     ``sharding`` (none | fsdp | offload), ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch),
-    ``activation_offload``, ``tiled_mlp`` (model.*) and ``sequence_parallel`` (runtime.*; all default to the
-    config's) are what the saver ladder varies. Under sequence parallelism the processes form groups that each
+    ``activation_offload``, ``tiled_mlp`` (model.*), ``fused_loss`` (train.*) and ``sequence_parallel``
+    (runtime.*; all default to the config's) are what the saver ladder varies. Under sequence parallelism the processes form groups that each
     draw one data-parallel share of the batch. Weights are sized as model loading loads them (the runtime
     policy's ``weight_dtype``); the accumulation keeps the effective batch."""
     if checkpoint_every is None:
@@ -193,6 +199,8 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
         activation_offload = cfg.model.activation_offload
     if tiled_mlp is None:
         tiled_mlp = cfg.model.tiled_mlp
+    if fused_loss is None:
+        fused_loss = cfg.train.fused_loss
     if sequence_parallel is None:  # the configured degree where it applies ("auto" is the ladder's to choose)
         configured = cfg.runtime.sequence_parallel
         sequence_parallel = configured if isinstance(configured, int) and processes % configured == 0 else 1
@@ -206,7 +214,8 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
                  fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload,
-                 qlora_upcast=cfg.lora.qlora_upcast, tiled_mlp=tiled_mlp, sequence_parallel=sequence_parallel)
+                 qlora_upcast=cfg.lora.qlora_upcast, tiled_mlp=tiled_mlp, sequence_parallel=sequence_parallel,
+                 fused_loss=fused_loss)
 
 
 def config_overrides(s: Setup) -> list[str]:
@@ -223,6 +232,8 @@ def config_overrides(s: Setup) -> list[str]:
         out.append("model.activation_offload=true")
     if s.tiled_mlp:
         out.append("model.tiled_mlp=true")
+    if s.fused_loss:
+        out.append("train.fused_loss=true")
     if s.sequence_parallel > 1:
         out.append(f"runtime.sequence_parallel={s.sequence_parallel}")
     out += [f"train.optimizer={s.optimizer}", f"runtime.sharding={'fsdp' if s.fsdp else 'none'}",

@@ -24,7 +24,8 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     Attention (PaLM's count, no causal discount): 4 x layers x q_dim x seq forward, twice that backward,
     + the forward again on the checkpointed layers. A tiled MLP runs the MLP's forward once more (+2 N_mlp).
     Under sequence parallelism these are per token of a process's part (attention over the whole sequence for
-    1/N of the heads is 1/N of the whole attention).
+    1/N of the heads is 1/N of the whole attention). The fused loss computes the head's logits again in the
+    backward (+2 x vocab x hidden).
     """
     n_mm = shape.matmul_params
     mm = (4 * n_mm + 6 * shape.lora_params(setup.lora_r, setup.lora_targets)) if setup.lora else 6 * n_mm
@@ -37,6 +38,8 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
         attention += attn_fwd * share
     if setup.tiled_mlp:
         mm += 2 * sum(p.d_in * p.d_out * p.count for p in shape.projections if p.group in ("mlp_in", "mlp_mid"))
+    if setup.fused_loss:  # the head's logits computed again in the backward
+        mm += 2 * shape.vocab_size * shape.hidden_size
     return mm + attention
 
 

@@ -4,12 +4,14 @@ Summing here and dividing by the trainable-token count of the whole accumulation
 processes) in the loop is what makes every split of the same effective batch produce the same update;
 a mean per micro-batch would weight short and long micro-batches differently.
 
-Two things keep the output layer cheap, which matters with 150k-token vocabularies (Qwen: the logits of
+Three things keep the output layer cheap, which matters with 150k-token vocabularies (Qwen: the logits of
 8k tokens are 2.4 GB in bf16, 4.9 GB in fp32):
 - logits are computed only at positions whose next token is trained (transformers' ``logits_to_keep``):
   prompt tokens and padding never reach the output layer;
 - the cross-entropy is taken in fp32 one chunk of rows at a time, in forward and in backward, so fp32
-  logits are never materialised for more than ``chunk_tokens`` rows.
+  logits are never materialised for more than ``chunk_tokens`` rows;
+- with ``train.fused_loss`` the head itself runs chunk by chunk too (``FusedHeadCrossEntropy``): no logits of
+  all trained positions at all, for one more head matmul per token in the backward.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from torch.profiler import record_function
 
 from anyfit.data.batching import IGNORE_INDEX
+from anyfit.model.head import fused_head_of
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
 
@@ -66,6 +69,64 @@ class ChunkedCrossEntropy(torch.autograd.Function):
         return grad, None, None
 
 
+class FusedHeadCrossEntropy(torch.autograd.Function):
+    """Summed cross-entropy of ``hidden @ weight.T (+ bias)`` over (N, h) hidden states, ``chunk`` rows at a time,
+    the logits never whole: the forward keeps one fp32 log-sum-exp per row, the backward recomputes each chunk's
+    logits and turns softmax - one-hot into the hidden states' and the weight's gradients (the weight's summed in
+    fp32 over the chunks and handed back once, which DDP and FSDP2 expect). The matmuls run in ``dtype`` (autocast's,
+    or the weight's), as the head would. Written by hand for the reason ``ChunkedCrossEntropy`` is (Liger's fused
+    linear cross-entropy is CUDA/Triton only; DeepSpeed's tiled loss hands gradients to ``.grad`` per chunk)."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                chunk: int, dtype: torch.dtype) -> torch.Tensor:
+        w = weight.to(dtype)
+        lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk):
+            x = _head_logits(hidden[start:start + chunk], w, bias)
+            t = targets[start:start + chunk]
+            lse[start:start + chunk] = row_lse = torch.logsumexp(x, dim=-1)
+            picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
+            total += torch.where(t != IGNORE_INDEX, row_lse - picked, 0.0).sum()
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.chunk, ctx.dtype = chunk, dtype
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_total: torch.Tensor):
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        w = weight.to(ctx.dtype)
+        grad_hidden = torch.empty_like(hidden)
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        grad_bias = torch.zeros(bias.shape, dtype=torch.float32, device=bias.device) \
+            if bias is not None and ctx.needs_input_grad[2] else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            end = start + ctx.chunk
+            h = hidden[start:end]
+            t = targets[start:end].unsqueeze(1)
+            g = _head_logits(h, w, bias).sub_(lse[start:end].unsqueeze(1)).exp_()  # softmax
+            g.scatter_add_(1, t.clamp(min=0), -torch.ones_like(t, dtype=g.dtype))  # - one-hot
+            g.mul_((t != IGNORE_INDEX).float() * grad_total)
+            g_low = g.to(ctx.dtype)
+            grad_hidden[start:end] = (g_low @ w).to(hidden.dtype)
+            if grad_weight is not None:
+                grad_weight += (g_low.t() @ h.to(ctx.dtype)).float()
+            if grad_bias is not None:
+                grad_bias += g.sum(dim=0)
+        return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+
+
+def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's logits in fp32 (the matmul in ``weight``'s dtype)."""
+    x = hidden.to(weight.dtype) @ weight.t()
+    if bias is not None:
+        x = x + bias.to(x.dtype)
+    return x.float()
+
+
 def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
     """Summed fp32 cross-entropy over rows whose target is not IGNORE_INDEX; chunked unless chunk_tokens=0."""
     if chunk_tokens <= 0:
@@ -76,16 +137,30 @@ def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens:
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
     """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
-    keep = batch["keep"]
+    head = fused_head_of(model)
+    if head is None:
+        logits = _kept_outputs(model, inputs, batch["keep"])
+        with record_function("anyfit.loss"):  # the logits' share of a profiled step
+            return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens)
+    # train.fused_loss: the head hands over its inputs, and head and loss run together chunk by chunk
+    with head.handing_inputs():
+        hidden = _kept_outputs(model, inputs, batch["keep"])
+    hidden = hidden.reshape(-1, hidden.shape[-1])
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else head.weight.dtype
+    with record_function("anyfit.loss"):
+        return FusedHeadCrossEntropy.apply(hidden, head.weight, head.bias, batch["keep_targets"],
+                                           chunk_tokens or 1024, dtype)
+
+
+def _kept_outputs(model: torch.nn.Module, inputs: dict, keep: torch.Tensor) -> torch.Tensor:
+    """The model's output (logits, or the head's inputs) at the positions whose next token is trained."""
     if keep.ndim == 2 and not _logits_to_keep_takes_a_mask():
         # transformers < 5.21 (the last on Python 3.10 is 5.20) keeps the same positions in every row: keep the
-        # positions any row trains on, then pick each row's own from those logits.
+        # positions any row trains on, then pick each row's own from those outputs.
         columns = keep.any(dim=0).nonzero().squeeze(1)
-        logits = model(**inputs, logits_to_keep=columns, use_cache=False).logits[keep[:, columns]]
-    else:
-        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
-    with record_function("anyfit.loss"):  # the logits' share of a profiled step
-        return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens)
+        return model(**inputs, logits_to_keep=columns, use_cache=False).logits[keep[:, columns]]
+    return model(**inputs, logits_to_keep=keep, use_cache=False).logits
 
 
 @functools.cache

@@ -259,3 +259,66 @@ def test_tiled_mlp_recomputes_with_the_forwards_dropout_masks(tiny_llama_dir):
     assert len(results[0]) == len(results[1]) == 2 + 6  # output, input gradient, three LoRA pairs
     for a, b in zip(*results):  # the same masks; the weight gradients summed over the tiles in another order
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
+
+
+def _fused_or_not(tiny_llama_dir, extra, fused: bool, ids, autocast: bool, wrap=None):
+    """(summed token loss, trainable gradients) of one anyfit loss forward/backward."""
+    from anyfit.data.batching import collate
+    from anyfit.training.loss import token_loss_sum
+
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", *extra, f"train.fused_loss={str(fused).lower()}"])
+    torch.manual_seed(0)
+    model = load_model(cfg, resolve_runtime(cfg.runtime))
+    model = wrap(model) if wrap else model
+    model.train()
+    batch = collate([{"input_ids": row, "labels": [-100] * 5 + row[5:]} for row in ids.tolist()], pad_id=0,
+                    packed=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        loss = token_loss_sum(model, batch, chunk_tokens=64)
+    loss.backward()
+    grads = [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad) for p in model.parameters()
+             if p.grad is not None]
+    return loss.detach(), grads
+
+
+@pytest.mark.parametrize("extra, autocast", [([], False), ([], True), (["lora.enabled=true"], False)],
+                         ids=["full", "full-autocast", "lora"])
+def test_fused_loss_computes_the_same_loss_and_gradients_without_the_logits(extra, autocast, tiny_llama_dir):
+    """train.fused_loss: head and loss chunk by chunk (64 rows of 190 trained positions here). The same summed loss
+    and gradients as the head's full logits and the chunked cross-entropy, to round-off: the head weight's gradient
+    is summed over 3 chunks instead of one matmul over all rows (fp32: ~1e-6 of the largest entry; under autocast
+    each chunk's bf16 product is rounded before the fp32 sum: under 1%)."""
+    ids = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(0))
+    (loss, grads), (fused, fused_grads) = (_fused_or_not(tiny_llama_dir, extra, fused, ids, autocast)
+                                           for fused in (False, True))
+    torch.testing.assert_close(fused, loss, rtol=1e-5 if not autocast else 1e-2, atol=0)
+    assert len(grads) == len(fused_grads) > 0
+    scale = 1e-2 if autocast else 1e-5
+    for a, b in zip(grads, fused_grads):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=scale * float(a.abs().max()))
+
+
+def test_fused_loss_keeps_the_model_as_it_was_and_runs_under_fsdp2(tiny_llama_dir):
+    import torch.distributed as dist
+
+    from anyfit.backends.fsdp import shard_model
+    from anyfit.model.head import FusedHead
+
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "train.fused_loss=true"])
+    model = load_model(cfg, resolve_runtime(cfg.runtime))
+    assert isinstance(model.lm_head, FusedHead) and model.lm_head.weight is model.model.embed_tokens.weight
+    ids = torch.randint(0, 1000, (1, 12), generator=torch.Generator().manual_seed(0))
+    plain = load_model(load_config(None, [f"model.name_or_path={tiny_llama_dir}"]), resolve_runtime(cfg.runtime))
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    torch.testing.assert_close(model(input_ids=ids).logits, plain(input_ids=ids).logits)  # outside the loss: logits
+    ids = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(0))
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        runs = [_fused_or_not(tiny_llama_dir, [], fused, ids, False,
+                              wrap=lambda m: shard_model(m, torch.float32, False, torch.device("cpu")))
+                for fused in (False, True)]
+    finally:
+        dist.destroy_process_group()
+    torch.testing.assert_close(runs[1][0], runs[0][0], rtol=1e-5, atol=0)
+    for a, b in zip(runs[0][1], runs[1][1]):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5 * float(a.abs().max()))
