@@ -44,6 +44,19 @@ def test_split_sequences_train_as_one_process_does(split_run, unsharded):
     assert [m["real_tokens"] for m in ours if "loss" in m] == [m["real_tokens"] for m in theirs if "loss" in m]
 
 
+def test_split_lora_trains_as_one_process_does(tiny_llama_dir, tmp_path):
+    """LoRA adapters (their gradients the all-reduced sum of each part's) over split sequences, four steps."""
+    lora = ("lora: {enabled: true, dropout: 0.0}",)
+    one, split = tmp_path / "one", tmp_path / "split"
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), one, 1, "train.max_steps=4")
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), split, 2, SPLIT, "runtime.sharding=none", "train.max_steps=4")
+    assert losses(split) == pytest.approx(losses(one), rel=2e-4)
+    a, b = load_file(one / "adapter_model.safetensors"), load_file(split / "adapter_model.safetensors")
+    assert a.keys() == b.keys() and a
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
+
+
 def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, tiny_llama_dir):
     """The data order never depended on the split: its checkpoint continues on one process, as written."""
     tmp, out, _ = split_run
