@@ -3,6 +3,8 @@ tells which backend wrote a checkpoint. Adding a backend: its module, and a line
 
 from __future__ import annotations
 
+import importlib.util
+
 from pathlib import Path
 
 from anyfit.backends.base import Backend
@@ -64,18 +66,23 @@ def choose_backend(cfg: Config, policy, processes: int, micro_batch: int | None 
 
 def choose_sequence_parallel(cfg: Config, processes: int) -> tuple[int, str]:
     """How many processes share each sequence (``runtime.sequence_parallel``), with the reason printed; a degree
-    that cannot run is a ConfigError, before any weights load."""
+    that cannot run (or DeepSpeed missing for one) is a ConfigError, before any weights load."""
     asked = cfg.runtime.sequence_parallel
     if asked == 1:
         return 1, ""
     shape = model_shape(cfg.model)
     if asked == "auto":
         degree, why = recommend_sequence_parallel(cfg, shape, this_machine(), processes)
-        return degree, f"sequence parallel {degree} (auto): {why}"
-    refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads)
-    if refusal:
-        raise ConfigError(refusal)
-    return asked, f"sequence parallel {asked}: asked for in the config"
+        reason = f"sequence parallel {degree} (auto): {why}"
+    else:
+        refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads)
+        if refusal:
+            raise ConfigError(refusal)
+        degree, reason = asked, f"sequence parallel {asked}: asked for in the config"
+    if degree > 1 and importlib.util.find_spec("deepspeed") is None:
+        raise ConfigError(f"runtime.sequence_parallel={asked} uses DeepSpeed's Ulysses attention, and DeepSpeed is not "
+                          "installed: pip install 'anyfit[deepspeed]', or set runtime.sequence_parallel=1.")
+    return degree, reason
 
 
 def writer_of(folder: Path) -> type[Backend]:

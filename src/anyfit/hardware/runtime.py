@@ -8,7 +8,6 @@ that tests can drive with any machine (a T4, an H100, a Mac) without having one.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import platform
 import sys
@@ -267,8 +266,9 @@ def sharding_refusal(cfg: Config, device: str, precision: str, optimizer: str | 
 def sequence_parallel_problem(cfg: Config, processes: int, heads: int, kv_heads: int, degree: int | None = None
                               ) -> str:
     """Why sequence parallelism over ``degree`` processes (default ``runtime.sequence_parallel``) cannot run
-    ('' when it can), before any weights load: the loop refuses with this text (``anyfit.backends.choose_backend``)
-    and the planner offers only the degrees it allows. Ulysses gives each process whole attention heads."""
+    ('' when it can), before any weights load: the loop refuses with this text (``anyfit.backends.choose_backend``,
+    which also needs DeepSpeed installed) and the planner offers only the degrees it allows (for the machine it
+    plans, whatever is installed here). Ulysses gives each process whole attention heads."""
     n = degree or cfg.runtime.sequence_parallel
     if n == 1:
         return ""
@@ -286,9 +286,6 @@ def sequence_parallel_problem(cfg: Config, processes: int, heads: int, kv_heads:
                 f"cannot be split {n} ways (Ulysses gives each process whole heads). "
                 + (f"Degrees that fit {processes} processes: {', '.join(map(str, fitting))}." if fitting
                    else f"No degree fits {processes} processes: {fix}."))
-    if importlib.util.find_spec("deepspeed") is None:
-        return (f"runtime.sequence_parallel={n} uses DeepSpeed's Ulysses attention, and DeepSpeed is not installed: "
-                f"pip install 'anyfit[deepspeed]', or {fix}.")
     if cfg.runtime.sharding == "deepspeed":
         return (f"runtime.sequence_parallel={n} with runtime.sharding=deepspeed is not supported by anyfit: use "
                 "runtime.sharding=fsdp or none with it.")
