@@ -401,7 +401,8 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     gradients = trainable * grad_bytes // shard
     optimizer = optimizer_state_bytes(shape, setup)
     if setup.optimizer in EIGHT_BIT_OPTIMIZERS:
-        notes.append(f"{OPTIMIZER_NAMES[setup.optimizer]} (bitsandbytes, CUDA): both moments in 1 byte + an fp32 "
+        library = "torchao, sharded with the weights" if setup.fsdp else "bitsandbytes, CUDA"
+        notes.append(f"{OPTIMIZER_NAMES[setup.optimizer]} ({library}): both moments in 1 byte + an fp32 "
                      f"absmax per {BNB_BLOCK} values, {EIGHT_BIT_STATE_BYTES:.2f} B/param instead of 8")
     elif setup.optimizer == "adafactor":
         notes.append("Adafactor (torch): no first moment, second moment factored into rows + columns per matrix")
