@@ -54,6 +54,11 @@ FOREIGN_KEYS: dict[str, tuple[str, str]] = {
     "lora_target_modules": ("lora.target_modules", ""),
     "adapter": ("lora.enabled", "adapter: lora is lora.enabled=true; qlora is lora.qlora=true"),
     "load_in_4bit": ("lora.qlora", "4-bit base with LoRA on top"),
+    "sequence_parallel_degree": ("runtime.sequence_parallel", "Axolotl's; DeepSpeed's Ulysses here"),
+    "sp_size": ("runtime.sequence_parallel", "Accelerate's parallelism config; DeepSpeed's Ulysses here"),
+    "context_parallel_size": ("runtime.sequence_parallel", "anyfit splits sequences with Ulysses, not ring attention"),
+    "tiled_mlp": ("model.tiled_mlp", ""),
+    "use_liger_kernel": ("train.fused_loss", "anyfit's fused head and loss, chunk by chunk, on every device"),
 }
 
 
