@@ -86,11 +86,11 @@ def test_long_packed_rows_split_under_fsdp_with_every_saver_and_validation_match
     tiled MLP and the fused loss on each process's part, and the validation loss (each process computing its part
     of every held-out sequence), against one process with none of them."""
     data = _long_examples(tmp_path / "long.jsonl")
-    extra = ("eval: {holdout: 4, every: 4}",)
+    extra = ("eval: {holdout: 4, every: 2}",)
     one, split = tmp_path / "one", tmp_path / "split"
-    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1, f"data.path={data}")
-    log = launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, f"data.path={data}", SPLIT,
-                 "runtime.sharding=fsdp", "train.packing=true", "model.tiled_mlp=true", "train.fused_loss=true")
+    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1, f"data.path={data}", "train.max_steps=4")
+    log = launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, f"data.path={data}", "train.max_steps=4",
+                 SPLIT, "runtime.sharding=fsdp", "train.packing=true", "model.tiled_mlp=true", "train.fused_loss=true")
     assert "sequence split over 2 processes" in log
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)
     val = [[m["val_loss"] for m in read_metrics(o) if "val_loss" in m] for o in (one, split)]

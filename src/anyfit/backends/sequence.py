@@ -33,6 +33,7 @@ import torch
 
 from anyfit.data.batching import IGNORE_INDEX
 
+
 @dataclass(frozen=True)
 class SequenceSplit:
     """Where this process sits: part ``rank`` of ``degree`` of each sequence, in data-parallel group
