@@ -75,7 +75,13 @@ class LoraConfig:
         "do: 2 bytes less per such weight and a bf16 residual stream (anyfit plan counts both).")
     target_modules: list[str] | str = _f(
         "auto", "Module names to adapt, or 'auto' to find the attention and MLP projections from the "
-        "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'.")
+        "model's module names (q_proj..., c_attn/c_proj, query_key_value, ...), or 'all-linear'. In a mixture of "
+        "experts a router is never adapted; the routed experts' fused tensors (gate_up_proj, down_proj) may be named.")
+    experts: bool = _f(
+        True, "Mixtures of experts: with target_modules auto/all-linear, adapt the routed experts too (PEFT's "
+        "target_parameters on their fused tensors: an r x (in + out) adapter per expert). false: attention, shared "
+        "experts and dense layers only. Fused expert tensors take no dropout (PEFT's rule); lora.dropout stays on "
+        "the linear layers.")
 
 
 @dataclass
@@ -171,7 +177,14 @@ class TrainConfig:
         "or SLURM restarted: auto.")
     packing: bool = _f(
         True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
-        "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example.")
+        "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example. Models with "
+        "layers that carry a state along the row (linear attention, state spaces: Qwen3.5, Qwen3-Next, LFM2, "
+        "Falcon-H1) train on padded batches whatever this says, with a printed line.")
+    packing_check: bool = _f(
+        True, "With packing: before the first step, run a few probe examples (one longer than the smallest sliding "
+        "window) packed and one at a time on the real model in its training dtype; if they differ beyond round-off, "
+        "fall back to transformers' own attention with a block mask per row, then to padded batches, and say so. "
+        "One forward of at most data.max_length tokens; false skips it.")
     loss_chunk_tokens: int = _f(
         1024, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
         "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")
@@ -180,6 +193,10 @@ class TrainConfig:
         "trained positions never exist (tokens x vocabulary: 9 GiB in bf16 at 32k tokens of a 152k vocabulary, "
         "twice that with their gradient). Costs one more output-layer matmul per token in the backward. For "
         "Llama, Mistral, Qwen2/3 (MoE too), Phi-3, SmolLM3 and OLMo-2 models.")
+    router_aux_loss_coef: float | Literal["auto"] = _f(
+        "auto", "Mixtures of experts: weight of the router's load-balancing loss (transformers' own aux_loss, "
+        "added once per micro-batch and logged as aux_loss). auto: what the model's config asks (its "
+        "router_aux_loss_coef when output_router_logits is true, else none); 0: none.")
     max_nonfinite_steps: int = _f(
         3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "
         "(each one is skipped: no update).")
@@ -321,6 +338,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"'data.num_proc' must be at least 1 or 'auto', got {cfg.data.num_proc}.")
     if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
         raise ConfigError(f"'eval.batch_size' must be at least 1 or 'auto', got {cfg.eval.batch_size}.")
+    if t.router_aux_loss_coef != "auto" and t.router_aux_loss_coef < 0:
+        raise ConfigError(f"'train.router_aux_loss_coef' must be auto or 0 or more, got {t.router_aux_loss_coef}.")
     if t.learning_rate <= 0:
         raise ConfigError(f"'train.learning_rate' must be positive, got {t.learning_rate}.")
     if not 0 < cfg.runtime.memory_fraction <= 1:

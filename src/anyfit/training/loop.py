@@ -53,6 +53,7 @@ from anyfit.training.metrics import (
     requested_trackers,
     start_trackers,
 )
+from anyfit.training.packing_check import choose_packing
 from anyfit.training.optim import build_optimizer, build_scheduler, check_optimizer
 from anyfit.training.run_record import (
     describe_run,
@@ -161,6 +162,13 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
 
     # the backend loads (and shards) the model, then wraps it with the optimizer it updates with
     loaded = backend.load(cfg, policy, accelerator, resume_from, say)
+    packing = None
+    if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
+        packing = choose_packing(loaded.model, data.examples, tokenizer.pad_token_id, cfg.data.max_length,
+                                 accelerator.device, policy.compute_dtype, accelerator.autocast,
+                                 check=cfg.train.packing_check)
+        say(f"[anyfit] {packing.line}")
+        collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=packing.packed)
     if split.active:
         split_attention(loaded.model, split.degree)
         say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
@@ -191,7 +199,8 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
                       describe_run(policy, backend.reason, plan, steps, data.report, loaded.trainable,
-                                   loaded.total) | {"mfu": peak.as_dict()})
+                                   loaded.total) | {"mfu": peak.as_dict()}
+                      | ({"packing": packing.as_dict()} if packing else {}))
     try:
         start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
         return run_steps(run, say)  # closes the trackers at its end

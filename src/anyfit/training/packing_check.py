@@ -1,0 +1,168 @@
+"""The packing self-test: before the first step, packed rows against one example at a time, on the real model.
+
+``anyfit.model.packing`` names what is known to carry information across an example boundary (layers with a
+state); the self-test catches the rest, e.g. an attention pattern or keyword ``anyfit_varlen`` does not reproduce,
+or the architecture released next month. ``choose_packing``:
+1. a model with stateful layers trains on padded batches (one printed line);
+2. otherwise a few probe examples (the data's longest, and one longer than the smallest sliding window or chunk)
+   run packed, and one at a time through transformers' own attention, in the training dtype and autocast; if the
+   outputs differ beyond what the dtype's round-off explains, the model is handed to transformers' own attention
+   (its block mask per row: exact, a dense mask per row, slower) and tested again, then to padded batches.
+Each outcome is one line, recorded in ``run_info.json``; ``train.packing_check=false`` skips step 2. It costs one
+forward of a few hundred tokens and one per probe example. No peer checks this at start-up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from anyfit.data.batching import collate, to_device
+from anyfit.model.attention import NotExactPacked
+from anyfit.model.packing import smallest_window, stateful_layers
+
+# Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
+# dtype's round-off (the same matmuls over different row counts round differently, and that grows through the
+# layers); a leaked window or state moves them by percents.
+TOLERANCE = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
+PROBE_EXAMPLES = 3
+KEPT_POSITIONS = 256
+
+
+@dataclass
+class PackingVerdict:
+    """What the run does with ``train.packing`` and why (recorded in run_info.json as ``packing``)."""
+
+    packed: bool  # rows packed (False: padded batches)
+    attention: str  # the attention implementation the run uses
+    line: str  # the one line printed
+    error: float | None = None  # the self-test's relative difference (packed against alone), if run
+    tolerance: float | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
+    """Probe examples that fit one row of ``max_length`` tokens, as a training micro-batch does: where a window binds
+    within ``max_length``, first one example longer than it (the data's tokens, every position trained); then the
+    longest of the data's first examples that still fit, at least one (a boundary to look across)."""
+    lengths = np.asarray(examples.lengths[:1000])
+    order = [int(i) for i in np.argsort(-lengths, kind="stable")]
+    probes: list[dict] = []
+    if window is not None and window + 2 <= max_length:
+        ids: list[int] = []
+        while len(ids) < window + 2:
+            ids += [t for i in order[:PROBE_EXAMPLES] for t in examples[i]["input_ids"]]
+        ids = ids[:min(max_length - int(lengths.min()), window + max(16, window // 4))]
+        if len(ids) > window:
+            probes.append({"input_ids": ids, "labels": list(ids)})
+    room = max_length - sum(len(p["input_ids"]) for p in probes)
+    for i in order:
+        if len(probes) > PROBE_EXAMPLES:
+            break
+        if lengths[i] <= room:
+            probes.append(examples[i])
+            room -= int(lengths[i])
+    if len(probes) < 2:  # a single example longer than the room: the two shortest, whatever they add up to
+        probes = [examples[i] for i in order[-2:]]
+    return probes
+
+
+def _transformers_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a PEFT wrapper (``set_attn_implementation`` lives there)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _own_attention(model: nn.Module) -> str:
+    """transformers' own attention for this model: SDPA where the model supports it, else eager."""
+    return "sdpa" if getattr(_transformers_model(model), "_supports_sdpa", False) else "eager"
+
+
+def _positions(length: int) -> list[int]:
+    """Up to ``KEPT_POSITIONS`` positions of an example, evenly spread, first and last included: the logits of every
+    position of a long probe would be tokens x vocabulary (10 GB in bf16 at 32k tokens of a 152k vocabulary)."""
+    if length <= KEPT_POSITIONS:
+        return list(range(length))
+    return sorted({round(i * (length - 1) / (KEPT_POSITIONS - 1)) for i in range(KEPT_POSITIONS)})
+
+
+def _logits(model: nn.Module, batch: dict, keep: list[int], device) -> torch.Tensor:
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
+              if k in batch}
+    inputs = to_device(inputs, device)
+    kept = torch.tensor(keep, dtype=torch.long, device=device)
+    return model(**inputs, logits_to_keep=kept, use_cache=False).logits[0].float()
+
+
+def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, autocast) -> float:
+    """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each); alone
+    runs through transformers' own attention, packed through the model's current one."""
+    inner = _transformers_model(model)
+    current = inner.config._attn_implementation
+    starts = np.cumsum([0] + [len(p["input_ids"]) for p in probes])
+    kept = [_positions(len(p["input_ids"])) for p in probes]
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), autocast():
+            together = _logits(model, collate(probes, pad_id, packed=True),
+                               [int(start) + i for start, keep in zip(starts, kept) for i in keep], device)
+            inner.set_attn_implementation(_own_attention(model))
+            alone = torch.cat([_logits(model, collate([p], pad_id), keep, device) for p, keep in zip(probes, kept)])
+    finally:
+        inner.set_attn_implementation(current)
+        model.train(was_training)
+    return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6))
+
+
+def _agreed(error: float) -> float:
+    """The largest error of any process (every process must decide the same)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        t = torch.tensor([error], dtype=torch.float64)
+        backend = torch.distributed.get_backend()
+        if backend == "nccl":
+            t = t.cuda()
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
+        return float(t.item())
+    return error
+
+
+def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, device, compute_dtype: torch.dtype,
+                   autocast=contextlib.nullcontext, check: bool = True) -> PackingVerdict:
+    """Whether and how the run packs its rows: the rule in this module's docstring. Collective under several
+    processes (every process runs the same probes and takes the largest error)."""
+    inner = _transformers_model(model)
+    attention = inner.config._attn_implementation
+    state = stateful_layers(inner)
+    if state:
+        return PackingVerdict(False, attention, f"packing: off for this model ({state} carry a state along the row, "
+                                                "and transformers passes them no example boundaries): padded batches")
+    if not check:
+        return PackingVerdict(True, attention, f"packing: on ({attention}), not self-tested (train.packing_check=false)")
+    tolerance = TOLERANCE.get(compute_dtype, 6e-2)
+    probes = probe_examples(examples, smallest_window(inner.config), max_length)
+    tokens = sum(len(p["input_ids"]) for p in probes)
+    tried = []
+    for candidate in dict.fromkeys([attention, _own_attention(model)]):
+        inner.set_attn_implementation(candidate)
+        try:
+            error = relative_error(model, probes, pad_id, device, autocast)
+        except NotExactPacked as why:
+            error, reason = float("inf"), f"cannot split {why} per example"
+        else:
+            reason = f"differs from one example at a time by {error:.1e} (tolerance {tolerance:.0e})"
+        error = _agreed(error)
+        if error <= tolerance:
+            note = (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
+                    "slower)") if tried else ""
+            return PackingVerdict(True, candidate, f"packing: self-test passed on {len(probes)} probe examples "
+                                  f"({tokens} tokens; error {error:.1e}, tolerance {tolerance:.0e}){note}",
+                                  error, tolerance)
+        tried.append(f"{candidate} {reason}")
+    inner.set_attn_implementation(attention)
+    return PackingVerdict(False, attention, f"packing: off, padded batches ({'; '.join(tried)})", error, tolerance)

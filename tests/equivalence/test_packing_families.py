@@ -1,0 +1,135 @@
+"""Packing trains the function the model computes one example at a time, for every family in ``tests/families.py``.
+
+For each family (tiny random-init models from transformers' own configs, windows of 8 tokens, examples of 3-30):
+- the start-up self-test (``training.packing_check.choose_packing``) decides, and with its decision a packed window
+  gives the same summed loss and the same gradients as padded batches through transformers' own attention (fp32:
+  the two sum the same token losses in another order and through other matmul shapes, a few ulps each, grown through
+  two layers: 1e-5 relative leaves two orders of margin and is far below what a dropped window moves, 1e-2-1e-1);
+- a model with a state along the row is never packed;
+- the self-test fires when the attention is made wrong on purpose, or when a layer leaks along the row that no rule
+  names (the architecture released next month).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from families import FAMILIES, STATEFUL, tiny_model
+
+import anyfit.model.attention as attention
+from anyfit.data.batching import IGNORE_INDEX, collate
+from anyfit.model.attention import register
+from anyfit.training.loss import token_loss_sum
+from anyfit.training.packing_check import choose_packing
+
+TOLERANCE = 1e-5
+
+
+class _Examples(list):
+    """A list of examples with the ``lengths`` a token store's view has."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(e["input_ids"]) for e in self])
+
+
+def _examples(vocab: int = 512) -> _Examples:
+    g = torch.Generator().manual_seed(1)
+    out = _Examples()
+    for length in (20, 5, 30, 12, 3, 17):  # most longer than the window of 8
+        ids = torch.randint(3, vocab, (length,), generator=g).tolist()
+        prompt = length // 4
+        out.append({"input_ids": ids, "labels": [IGNORE_INDEX] * prompt + ids[prompt:]})
+    return out
+
+
+def _loss_and_grads(model, batches) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad()
+    total = sum(token_loss_sum(model, b) for b in batches)
+    total.backward()
+    return float(total.detach()), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _relative(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((got - ref).abs().max() / ref.abs().max().clamp(min=1e-12))
+
+
+def _decide(model, examples):
+    return choose_packing(model, examples, pad_id=0, max_length=64, device="cpu", compute_dtype=torch.float32,
+                          autocast=contextlib.nullcontext)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f not in STATEFUL])
+def test_packed_equals_padded(family):
+    register()
+    examples = _examples()
+    model = tiny_model(family, "anyfit_varlen")
+    verdict = _decide(model, examples)
+    assert verdict.packed, verdict.line
+    assert verdict.error <= verdict.tolerance
+    # anyfit's per-example attention for every family it can split; chunked attention hands over to transformers
+    assert verdict.attention == ("sdpa" if family == "llama4" else "anyfit_varlen"), verdict.line
+    reference = tiny_model(family)  # transformers' own attention, padded batches
+    micro = [examples[:2], examples[2:5], examples[5:]]
+    loss, grads = _loss_and_grads(model, [collate(m, 0, packed=True) for m in micro])
+    ref_loss, ref_grads = _loss_and_grads(reference, [collate(m, 0) for m in micro])
+    assert abs(loss - ref_loss) <= TOLERANCE * abs(ref_loss)
+    assert grads.keys() == ref_grads.keys()
+    worst = max(_relative(grads[n], ref_grads[n]) for n in grads)
+    assert worst <= TOLERANCE, f"{family}: gradients differ by {worst:.1e}"
+
+
+@pytest.mark.parametrize("family", STATEFUL)
+def test_stateful_models_are_not_packed(family):
+    register()
+    verdict = _decide(tiny_model(family, "anyfit_varlen"), _examples())
+    assert not verdict.packed
+    assert "carry a state along the row" in verdict.line and "padded batches" in verdict.line
+
+
+def test_packing_would_leak_the_state(family="qwen3_5"):
+    """Why: packed, the second example reads the first one's state (transformers' own attention too)."""
+    model = tiny_model(family).eval()
+    a, b = _examples()[:2]
+    with torch.no_grad():
+        row = collate([a, b], 0, packed=True)
+        packed = model(input_ids=row["input_ids"], position_ids=row["position_ids"], use_cache=False).logits[0]
+        alone = model(input_ids=torch.tensor([b["input_ids"]]), use_cache=False).logits[0]
+    assert _relative(packed[len(a["input_ids"]):], alone) > 1e-2
+
+
+def test_self_test_hands_a_wrong_attention_to_transformers(monkeypatch):
+    """The window dropped on purpose: the self-test sees it and hands the model to transformers' own SDPA."""
+    register()
+    monkeypatch.setattr(attention, "layer_window", lambda module, kwargs: None)
+    examples = _examples()
+    model = tiny_model("mistral", "anyfit_varlen")
+    verdict = _decide(model, examples)
+    assert verdict.packed and verdict.attention == "sdpa", verdict.line
+    assert "anyfit_varlen differs from one example at a time" in verdict.line
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_self_test_falls_back_to_padding_for_a_leak_no_rule_names():
+    """A layer that leaks along the row whatever the attention (a running mean over positions, as a new kind of
+    state layer would): neither attention passes, the run pads."""
+    register()
+    model = tiny_model("llama", "anyfit_varlen")
+
+    def leak(module, args, output):
+        return output + 0.5 * output.cumsum(dim=1) / torch.arange(1, output.shape[1] + 1)[None, :, None]
+
+    model.model.layers[0].mlp.register_forward_hook(leak)
+    verdict = _decide(model, _examples())
+    assert not verdict.packed and verdict.line.startswith("packing: off, padded batches"), verdict.line
+    assert model.config._attn_implementation == "anyfit_varlen"  # handed back as it was
+
+
+def test_skipping_the_self_test_says_so():
+    register()
+    verdict = choose_packing(tiny_model("mistral", "anyfit_varlen"), _examples(), 0, 64, "cpu", torch.float32,
+                             check=False)
+    assert verdict.packed and "not self-tested" in verdict.line
