@@ -263,8 +263,8 @@ def sharding_refusal(cfg: Config, device: str, precision: str, optimizer: str | 
 
 
 
-def sequence_parallel_problem(cfg: Config, processes: int, heads: int, kv_heads: int, degree: int | None = None
-                              ) -> str:
+def sequence_parallel_problem(cfg: Config, processes: int, heads: int, kv_heads: int, degree: int | None = None,
+                              state: str = "") -> str:
     """Why sequence parallelism over ``degree`` processes (default ``runtime.sequence_parallel``) cannot run
     ('' when it can), before any weights load: the loop refuses with this text (``anyfit.backends.choose_backend``,
     which also needs DeepSpeed installed) and the planner offers only the degrees it allows (for the machine it
@@ -286,6 +286,9 @@ def sequence_parallel_problem(cfg: Config, processes: int, heads: int, kv_heads:
                 f"cannot be split {n} ways (Ulysses gives each process whole heads). "
                 + (f"Degrees that fit {processes} processes: {', '.join(map(str, fitting))}." if fitting
                    else f"No degree fits {processes} processes: {fix}."))
+    if state:  # the model's anyfit.model.packing.stateful_kinds
+        return (f"runtime.sequence_parallel={n}: this model's {state.removeprefix('its ')} carry a state along the "
+                f"sequence, which Ulysses' split attention does not pass between processes. {fix}.")
     if cfg.runtime.sharding == "deepspeed":
         return (f"runtime.sequence_parallel={n} with runtime.sharding=deepspeed is not supported by anyfit: use "
                 "runtime.sharding=fsdp or none with it.")

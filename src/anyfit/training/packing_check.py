@@ -31,6 +31,8 @@ from anyfit.model.packing import smallest_window, stateful_layers
 TOLERANCE = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 6e-2}
 PROBE_EXAMPLES = 3
 KEPT_POSITIONS = 256
+# Tokens of the probe row where no window asks for more: a few examples and boundaries, a second or two on a CPU.
+PROBE_TOKENS = 256
 
 
 @dataclass
@@ -48,10 +50,12 @@ class PackingVerdict:
 
 
 def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
-    """Probe examples that fit one row of ``max_length`` tokens, as a training micro-batch does: where a window binds
-    within ``max_length``, first one example longer than it (the data's tokens, every position trained); then the
-    longest of the data's first examples that still fit, at least one (a boundary to look across)."""
+    """Probe examples that fit one row of ``PROBE_TOKENS`` (or just past the window), at most ``max_length`` as a
+    training micro-batch does: where a window binds within ``max_length``, first one example longer than it (the
+    data's tokens, every position trained); then the longest of the data's first examples that still fit, at least
+    one (a boundary to look across)."""
     lengths = np.asarray(examples.lengths[:1000])
+    max_length = min(max_length, max(PROBE_TOKENS, (window or 0) + max(16, (window or 0) // 4) + int(lengths.min())))
     order = [int(i) for i in np.argsort(-lengths, kind="stable")]
     probes: list[dict] = []
     if window is not None and window + 2 <= max_length:

@@ -95,3 +95,18 @@ def test_the_run_takes_its_degree_from_the_config_or_the_plan_and_says_why(tiny_
             choose_sequence_parallel(two, 2)
     with pytest.raises(ConfigError, match="cannot be split 3 ways"):  # 4 heads
         choose_sequence_parallel(load_config(None, [model, "runtime.sequence_parallel=3"]), 3)
+
+
+def test_a_model_with_a_state_along_the_sequence_is_not_split(tmp_path):
+    """Qwen3.5's linear attention (and any layer kind that is not attention) reads the whole sequence in order:
+    Ulysses splits only attention, so the split is refused in one line, before any weights load."""
+    from families import tiny_config
+
+    from anyfit.backends import choose_sequence_parallel
+    from anyfit.config import ConfigError
+
+    tiny_config("qwen3_5").save_pretrained(tmp_path)
+    cfg = load_config(None, [f"model.name_or_path={tmp_path}", "runtime.sequence_parallel=2"])
+    with pytest.raises(ConfigError, match="'linear_attention' layers carry a state along the sequence") as refused:
+        choose_sequence_parallel(cfg, 2)
+    assert "\n" not in str(refused.value)
