@@ -28,6 +28,7 @@ padded batches) the call is plain SDPA with transformers' usual mask.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import sys
@@ -52,6 +53,25 @@ _PLAIN_LAYERS = frozenset({"full_attention", "sliding_attention"})
 
 class NotExactPacked(RuntimeError):
     """This module cannot compute the layer's attention per example exactly (the reason is the message)."""
+
+
+_seen: set[str] | None = None  # the kernels packed rows ran on, while ``kernels_used`` watches
+
+
+@contextlib.contextmanager
+def kernels_used():
+    """Collect, while open, which per-example kernel each packed attention call ran (for the start-up line)."""
+    global _seen
+    _seen = found = set()
+    try:
+        yield found
+    finally:
+        _seen = None
+
+
+def _ran(kernel: str) -> None:
+    if _seen is not None:
+        _seen.add(kernel)
 
 
 def _find_varlen_flash():
@@ -156,6 +176,7 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         packed_lengths = (query.shape[2],)
     window = layer_window(module, kwargs)
     if eager_reason:
+        _ran(f"the model's own eager attention ({eager_reason}; a length x length score matrix per example)")
         return _eager_per_example(module, query, key, value, dropout, scaling, packed_lengths, window, kwargs,
                                   eager_reason)
     gqa = query.shape[1] != key.shape[1]
@@ -171,8 +192,10 @@ def packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Te
         # window w: the token itself and w - 1 before it (transformers' sliding_window_overlay: kv > q - w)
         causal = {"window_size": (-1 if window is None else window - 1, 0)} if has_window else {"is_causal": True}
         longest = max(packed_lengths)
+        _ran("varlen FlashAttention" + (f" (window {window})" if window else ""))
         out = varlen_attn(q, k, v, cu_seq_lens, cu_seq_lens, longest, longest, scale=scaling, **causal, **extra)
         return out.unsqueeze(0), None
+    _ran("SDPA" + (f" (window {window}: a band mask where an example is longer)" if window else ""))
     outs, start = [], 0
     for length in packed_lengths:
         end = start + length

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from anyfit.data.batching import collate, to_device
-from anyfit.model.attention import NotExactPacked
+from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.packing import smallest_window, stateful_layers
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
@@ -103,9 +103,10 @@ def _logits(model: nn.Module, batch: dict, keep: list[int], device) -> torch.Ten
     return model(**inputs, logits_to_keep=kept, use_cache=False).logits[0].float()
 
 
-def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, autocast) -> float:
-    """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each); alone
-    runs through transformers' own attention, packed through the model's current one."""
+def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, autocast) -> tuple[float, list[str]]:
+    """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each), and the
+    kernels ``anyfit_varlen`` ran them on; alone runs through transformers' own attention, packed through the
+    model's current one."""
     inner = _transformers_model(model)
     current = inner.config._attn_implementation
     starts = np.cumsum([0] + [len(p["input_ids"]) for p in probes])
@@ -113,7 +114,7 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad(), autocast():
+        with torch.no_grad(), autocast(), kernels_used() as kernels:
             together = _logits(model, collate(probes, pad_id, packed=True),
                                [int(start) + i for start, keep in zip(starts, kept) for i in keep], device)
             inner.set_attn_implementation(_own_attention(model))
@@ -121,7 +122,7 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     finally:
         inner.set_attn_implementation(current)
         model.train(was_training)
-    return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6))
+    return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6)), sorted(kernels)
 
 
 def _agreed(error: float) -> float:
@@ -155,15 +156,15 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
     for candidate in dict.fromkeys([attention, _own_attention(model)]):
         inner.set_attn_implementation(candidate)
         try:
-            error = relative_error(model, probes, pad_id, device, autocast)
+            error, kernels = relative_error(model, probes, pad_id, device, autocast)
         except NotExactPacked as why:
-            error, reason = float("inf"), f"cannot split {why} per example"
+            error, kernels, reason = float("inf"), [], f"cannot split {why} per example"
         else:
             reason = f"differs from one example at a time by {error:.1e} (tolerance {tolerance:.0e})"
         error = _agreed(error)
         if error <= tolerance:
             note = (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
-                    "slower)") if tried else ""
+                    "slower)") if tried else f"; per example: {', '.join(kernels)}" if kernels else ""
             return PackingVerdict(True, candidate, f"packing: self-test passed on {len(probes)} probe examples "
                                   f"({tokens} tokens; error {error:.1e}, tolerance {tolerance:.0e}){note}",
                                   error, tolerance)
