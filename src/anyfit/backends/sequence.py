@@ -69,7 +69,8 @@ class SequenceSplit:
 
 def split_attention(model, degree: int) -> None:
     """Route the model's attention through DeepSpeed's Ulysses wrapper for groups of ``degree`` consecutive
-    processes (collective: every process calls it once, after the model is built, before it is wrapped).
+    processes (collective: every process calls it once, before the first training forward; it swaps the function
+    that transformers' registry holds for the model's attention implementation, so wrapping does not matter).
 
     What ``UlyssesSPAttentionHF.register_with_transformers`` does, written out for two reasons: its wrapper
     checks every call against one fixed number of rows (anyfit's micro-batches differ: a packed row is one,

@@ -162,21 +162,21 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
 
     # the backend loads (and shards) the model, then wraps it with the optimizer it updates with
     loaded = backend.load(cfg, policy, accelerator, resume_from, say)
-    packing = None
-    if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
-        packing = choose_packing(loaded.model, data.examples, tokenizer.pad_token_id, cfg.data.max_length,
-                                 accelerator.device, policy.compute_dtype, accelerator.autocast,
-                                 check=cfg.train.packing_check)
-        say(f"[anyfit] {packing.line}")
-        collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=packing.packed)
-    if split.active:
-        split_attention(loaded.model, split.degree)
-        say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
-            f"{split.data_size} data-parallel group(s)")
     optimizer = backend.optimizer(build_optimizer(loaded.model, cfg.train, policy.device,
                                                   cfg.runtime.fused_optimizer, backend.sharded), cfg, policy.device)
     scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
     model, optimizer = backend.wrap(loaded.model, optimizer, accelerator, say)
+    packing = None
+    if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
+        packing = choose_packing(model, data.examples, tokenizer.pad_token_id, cfg.data.max_length,
+                                 accelerator.device, policy.compute_dtype, accelerator.autocast,
+                                 check=cfg.train.packing_check)
+        say(f"[anyfit] {packing.line}")
+        collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=packing.packed)
+    if split.active:  # after the self-test, which runs whole sequences on every process
+        split_attention(accelerator.unwrap_model(model), split.degree)
+        say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
+            f"{split.data_size} data-parallel group(s)")
     model.train()
     flops = ModelFlops.of(shape_from_config(accelerator.unwrap_model(model).config.get_text_config()),
                           loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0)

@@ -78,7 +78,10 @@ def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
 
 
 def _transformers_model(model: nn.Module) -> nn.Module:
-    """The transformers model inside a PEFT wrapper (``set_attn_implementation`` lives there)."""
+    """The transformers model inside DDP's or DeepSpeed's ``.module`` and PEFT's wrapper (where
+    ``set_attn_implementation`` lives)."""
+    while not hasattr(model, "set_attn_implementation") and hasattr(model, "module"):
+        model = model.module
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
