@@ -1,7 +1,7 @@
 """The README's 'What fits where' table: `anyfit plan`'s verdict for the hardware guide's machines (a Mac with 128 GB,
 an RTX 4090, an A100 80 GB, 8x L40S) on 7B, 13B and 70B models, full / LoRA / QLoRA. Model sizes are written out
 (benchmarks/model_sizes.py), so nothing is downloaded; `scripts/update_readme.py` writes the table and
-tests/unit/planning/test_hardware_guide.py checks it is current."""
+tests/unit/test_readme_tables.py checks it is current."""
 
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from anyfit.model.loading import count_parameters, load_model
+from anyfit.model.moe import moe_summary
 
 
 @dataclass
@@ -34,8 +35,11 @@ class Loaded:
     @classmethod
     def of(cls, model: nn.Module, cfg, say, read: int | None = None) -> Loaded:
         trainable, total = count_parameters(model)
+        lora = cfg.lora.enabled or cfg.lora.qlora
         say(f"[anyfit] model: {total / 1e6:.1f}M parameters, {trainable / 1e6:.2f}M trainable "
-            f"({'LoRA' if cfg.lora.enabled or cfg.lora.qlora else 'full fine-tuning'})")
+            f"({'LoRA' if lora else 'full fine-tuning'})")
+        for line in moe_summary(model, trainable, lora, cfg.train.router_aux_loss_coef):  # a mixture of experts
+            say(line)
         return cls(model, trainable, total, read_elements(model) if read is None else read)
 
 

@@ -13,8 +13,7 @@ from anyfit.backends.replicated import Replicated
 from anyfit.backends.zero3 import ZeRO3, deepspeed_missing, deepspeed_refusal, engine_config
 from anyfit.config import Config, ConfigError
 from anyfit.hardware.runtime import sequence_parallel_problem, sharding_refusal
-from anyfit.model.packing import stateful_kinds
-from anyfit.model.shape import load_model_config, model_shape
+from anyfit.model.shape import model_shape
 from anyfit.planning.recommend import recommend_sequence_parallel, recommend_sharding
 from anyfit.planning.presets import this_machine
 
@@ -76,8 +75,7 @@ def choose_sequence_parallel(cfg: Config, processes: int) -> tuple[int, str]:
         degree, why = recommend_sequence_parallel(cfg, shape, this_machine(), processes)
         reason = f"sequence parallel {degree} (auto): {why}"
     else:
-        refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads,
-                                            state=stateful_kinds(load_model_config(cfg.model)))
+        refusal = sequence_parallel_problem(cfg, processes, shape.num_heads, shape.num_kv_heads, state=shape.stateful)
         if refusal:
             raise ConfigError(refusal)
         degree, reason = asked, f"sequence parallel {asked}: asked for in the config"

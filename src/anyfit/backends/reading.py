@@ -4,6 +4,7 @@ Shared by the backends' restores (``anyfit.backends``) and the training checkpoi
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +52,8 @@ def load_weights(model, directory: Path) -> None:
         if result.unexpected_keys:
             raise _misfit(directory, f"unexpected {sorted(result.unexpected_keys)[:3]}")
         return
+    if not set(state) <= set(model.state_dict()):
+        state = _read_as_held(model, directory)
     try:
         missing, unexpected = model.load_state_dict(state, strict=False)
     except RuntimeError as e:
@@ -59,6 +62,20 @@ def load_weights(model, directory: Path) -> None:
     tied = {k for k in missing if k.endswith("lm_head.weight") and getattr(model.config, "tie_word_embeddings", False)}
     if set(missing) - tied or unexpected:
         raise _misfit(directory, f"missing {sorted(set(missing) - tied)[:3]}, unexpected {sorted(unexpected)[:3]}")
+
+
+def _read_as_held(model, directory: Path) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under the names ``model`` holds them by. ``save_pretrained`` writes them under the
+    checkpoint's own names (transformers reverses its conversion mapping: a composite's ``language_model.model.*``,
+    one tensor per MoE expert where the model holds them fused), so they are read back as transformers reads any
+    checkpoint: ``from_pretrained`` of the model's own class and config, into a second copy in host memory."""
+    dtype = next(model.parameters()).dtype
+    try:
+        fresh = type(model).from_pretrained(directory, config=copy.deepcopy(model.config), dtype=dtype)
+    except Exception as e:  # sizes of another model, a file cut short: the caller's one line
+        raise _misfit(directory, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"
+                      ) from e
+    return fresh.state_dict()
 
 
 def _misfit(directory: Path, detail: str) -> ConfigError:

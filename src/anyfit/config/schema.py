@@ -116,8 +116,24 @@ class DataConfig:
     system_prompt: str | None = _f(None, "System message for the chat template.")
     max_length: int = _f(1024, "Longest example in tokens.")
     overlong: Literal["truncate", "drop"] = _f("truncate", "What to do with longer examples (both are counted and reported).")
-    train_on: Literal["completion", "all"] = _f(
-        "completion", "Which tokens carry loss: the completion/assistant tokens only, or all tokens.")
+    train_on: Literal["completion", "last_turn", "all"] = _f(
+        "completion", "Which tokens carry loss: completion (every assistant turn, or the completion), last_turn (only "
+        "a conversation's final assistant turn; earlier turns are context), or all tokens. A message with weight: 0, "
+        "loss: false or train: false is context under completion and last_turn.")
+    chat_template: str | None = _f(
+        None, "A chat template replacing the tokenizer's: a .jinja file or the template text itself. Used for "
+        "training, eval and generate, and written with the tokenizer into the run and the export.")
+    chat_template_kwargs: dict[str, Any] = _f(
+        {}, "Options handed to the chat template, as at serving time: e.g. {enable_thinking: false} (Qwen3), "
+        "{reasoning_effort: high} (gpt-oss), {thinking: true} (DeepSeek-V3.1). A record's own chat_template_kwargs "
+        "column overrides them for that record. Used by eval and generate too, and named in the model card.")
+    system_fallback: Literal["refuse", "fold", "drop"] = _f(
+        "refuse", "A system prompt with a chat template that has no system role (Gemma-2, Mistral v0.2): refuse (stop "
+        "with one line), fold (put it before the first user message, a blank line between) or drop it.")
+    train_empty_think: bool = _f(
+        False, "Train the empty think block a chat template writes before an assistant turn without reasoning "
+        "(Qwen3's empty <think></think>). false: it is context, so the model does not learn to skip thinking; the "
+        "data report says how many turns had one.")
     add_eos: bool = _f(True, "End each completion with the tokenizer's EOS token (so the model learns to stop).")
     num_proc: int | Literal["auto"] = _f(
         "auto", "Processes that render and tokenize a large data set (20k records or more) while its token store is "
@@ -184,7 +200,7 @@ class TrainConfig:
         True, "With packing: before the first step, run a few probe examples (one longer than the smallest sliding "
         "window) packed and one at a time on the real model in its training dtype; if they differ beyond round-off, "
         "fall back to transformers' own attention with a block mask per row, then to padded batches, and say so. "
-        "One forward of at most data.max_length tokens; false skips it.")
+        "About two forwards of 256 tokens (more where a window is longer, at most data.max_length); false skips it.")
     loss_chunk_tokens: int = _f(
         1024, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
         "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")
@@ -294,7 +310,7 @@ TRACKERS = ("tensorboard", "wandb", "mlflow", "trackio")  # train.report_to valu
 # data.template values that are names; any other value must be a custom text with a {prompt} placeholder.
 NAMED_TEMPLATES = ("chat", "plain", "trl", "r1_zero")
 DATA_FIELDS = ("messages", "prompt", "completion", "text", "system", "answer", "input", "tools", "instruction",
-               "output", "history")  # the keys data.fields may map
+               "output", "history", "chat_template_kwargs")  # the keys data.fields may map
 
 
 def all_keys() -> list[str]:
@@ -362,6 +378,9 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"'train.report_to' {unknown} is not a tracker anyfit knows; use none or any of "
                           f"{', '.join(TRACKERS)}.{suggest(unknown[0], list(TRACKERS))}")
     _check_template(cfg.data.template, "data.template")
+    if cfg.data.train_on == "last_turn" and cfg.data.template == "trl":
+        raise ConfigError("data.train_on=last_turn is anyfit's (data.template=chat); TRL trains every assistant turn "
+                          "or every token: use data.template=chat, or data.train_on=completion or all.")
     unknown_fields = set(cfg.data.fields) - set(DATA_FIELDS)
     if unknown_fields:
         raise ConfigError(f"'data.fields' maps unknown anyfit fields {sorted(unknown_fields)}; the keys must be among "
@@ -370,7 +389,8 @@ def validate(cfg: Config) -> None:
 
 # data.* keys a data.mix entry may set for itself (the store settings stay run-wide).
 MIX_KEYS = ("path", "subset", "split", "num_samples", "format", "fields", "template", "system_prompt", "max_length",
-            "overlong", "train_on", "add_eos", "ignore_fields", "train_reasoning")
+            "overlong", "train_on", "add_eos", "ignore_fields", "train_reasoning", "chat_template_kwargs",
+            "system_fallback", "train_empty_think")
 
 
 def _check_mix(cfg: Config) -> None:

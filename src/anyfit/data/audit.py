@@ -41,6 +41,16 @@ FINDINGS = {
     "trained_prompt": "user or tool turns inside the trained tokens (the model would learn to write the prompt)",
     "trained_prompt_data": "user or tool turns inside the tokens the data's completion_mask trains",
 }
+# What was done to some records, said in the data report (not findings: the run goes on, render --check passes).
+NOTES = {
+    "empty_think_masked": "an empty think block before an assistant turn without reasoning, kept as context "
+                          "(data.train_empty_think: true trains it)",
+    "empty_think_trained": "an empty think block before an assistant turn without reasoning, trained "
+                           "(data.train_empty_think: true)",
+    "next_header_stop": "assistant turns that the chat template ends with the next turn's header, not an end-of-turn "
+                        "token (GLM's <|user|>): that header token is trained as the turn's stop, and generation "
+                        "stops there (generation_config.json)",
+}
 # Probe contents: text no real conversation holds, so finding them in a rendering is unambiguous.
 _USER, _ANSWER, _NEXT = "\x01anyfit-user\x01", "\x01anyfit-answer\x01", "\x01anyfit-next\x01"
 
@@ -164,8 +174,10 @@ class Findings:
             mine += named[: NAMED - len(mine)]
 
     def as_report(self) -> dict[str, Any]:
-        return {"unused": dict(self.unused), "audit": dict(self.counts), "audit_places": dict(self.places),
-                "split_records": self.split}
+        audit = {k: n for k, n in self.counts.items() if k not in NOTES}
+        return {"unused": dict(self.unused), "audit": audit, "split_records": self.split,
+                "audit_places": {k: v for k, v in self.places.items() if k in audit},
+                "notes": {k: n for k, n in self.counts.items() if k in NOTES}}
 
     def check(self, cfg: DataConfig) -> None:
         """Refuse the data where the audit found what cannot be trained as meant (see the module docstring)."""
@@ -190,6 +202,8 @@ def audit_lines(report: dict[str, Any]) -> list[str]:
         fields = ", ".join(f"'{k}' ({n} records)" for k, n in sorted(unused.items(), key=lambda kv: -kv[1])[:8])
         lines.append(f"Not used for training (no format field reads them): {fields}"
                      f"{', ...' if len(unused) > 8 else ''}.")
+    for name, count in (report.get("notes") or {}).items():
+        lines.append(f"{count} records had {NOTES[name]}.")
     for name, count in (report.get("audit") or {}).items():
         places = ", ".join(report.get("audit_places", {}).get(name, []))
         lines.append(f"Mask audit: {count} records with {FINDINGS[name]}; first: {places}.")

@@ -13,10 +13,17 @@ differently once the conversation goes on (Qwen3 and DeepSeek-R1 drop earlier tu
 before a later turn differ from what was already laid out: that turn then starts a new example, in the context the
 template gives it at inference. So a record can make several examples; each assistant turn is trained exactly once.
 
-Every trained turn is checked against its message: its reasoning, the names of its tool calls, every tool result
-and every tool definition must be in the rendered text, else the record is refused in one line (templates drop
-what they do not know without a word). HF's ``return_assistant_tokens_mask`` is not used: it needs
-``{% generation %}`` markers that most chat templates lack.
+Every trained turn is checked against its message: its reasoning (also written inline as ``<think>...</think>``),
+the names of its tool calls, every tool result and every tool definition must be in the rendered text, else the
+record is refused in one line (templates drop what they do not know without a word). HF's
+``return_assistant_tokens_mask`` is not used: it needs ``{% generation %}`` markers that most chat templates lack.
+
+The template is met where it stands (``anyfit.data.template_probes`` asks it once): content as parts where it reads
+parts, the tool role as it spells it, a system message folded or dropped (data.system_fallback) where it has no
+system role, ``data.chat_template_kwargs`` handed to it. An empty think block it writes before a turn without
+reasoning is context unless data.train_empty_think; a turn it ends with the next turn's header (GLM's ``<|user|>``)
+gets that header token as its trained stop (``ChatTemplate.with_stop``). The segments are tokenized as one text
+(``anyfit.data.tokenization``), as inference tokenizes the conversation.
 """
 
 from __future__ import annotations
@@ -24,11 +31,14 @@ from __future__ import annotations
 import functools
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anyfit.data.messages import Message
+from anyfit.data.messages import Message, inline_reasoning
 from anyfit.data.records import DataError
+from anyfit.data.stopping import turn_ends
+from anyfit.data.template_probes import TOOL_ROLES, Traits, as_parts, traits
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -40,6 +50,12 @@ _REASONING_KEY = {"reasoning_content": re.compile(r"reasoning_content"),
 # the trace when data.train_reasoning is off.
 _OPEN_REASONING = re.compile(r"<think>\n?$")
 _CLOSE_REASONING = re.compile(r"\s*(</think>|</thinking>|<\|end_of_thought\|>)?\s*")
+# The empty think block some templates write before a turn without reasoning (Qwen3's '<think>\n\n</think>\n\n'),
+# or its close after a generation prompt that opened it (DeepSeek-R1's '<think>\n').
+_EMPTY_THINK = re.compile(r"\s*<(think|thinking)>\s*</\1>\s*")
+_CLOSE_THINK = re.compile(r"\s*</(think|thinking)>\s*")
+# Per-message keys that say whether a turn is trained; read by anyfit, never handed to a template.
+_LOSS_KEYS = ("weight",)
 
 
 @dataclass(frozen=True)
@@ -50,17 +66,42 @@ class Segment:
     trained: bool
 
 
+@dataclass(frozen=True)
+class TemplateOptions:
+    """The data.* settings that decide how a conversation meets the template: ``kwargs`` handed to it
+    (data.chat_template_kwargs, a record's own over them), ``system`` (data.system_fallback: what to do with a system
+    message the template has no role for), ``train_empty_think`` (train the empty think block a template writes
+    before a turn without reasoning), ``train_reasoning``, ``cut_reasoning_ok`` (reasoning_content is in
+    data.ignore_fields: a template that cuts an inline trace may)."""
+
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    system: str = "refuse"
+    train_empty_think: bool = False
+    train_reasoning: bool = True
+    cut_reasoning_ok: bool = False
+
+
 class ChatTemplate:
     """The tokenizer's chat template, applied to one record's conversation (``place`` names it in errors)."""
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, place: str, tools: list[dict] | None = None):
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, place: str, tools: list[dict] | None = None,
+                 options: TemplateOptions | None = None):
         self.tokenizer, self.place, self.tools = tokenizer, place, tools
-        self.reasoning_key = _reasoning_key(template_text(tokenizer))
+        self.options = options or TemplateOptions()
+        self.source = template_text(tokenizer)
+        self.reasoning_key = _reasoning_key(self.source)
+        self.name = template_name(tokenizer)
+        self.empty_think = 0  # turns whose empty think block was found (kept as context unless trained)
+        self.next_header_stop = 0  # turns given the next turn's header as their stop (with_stop)
+
+    @functools.cached_property
+    def traits(self) -> Traits:
+        return traits(self.tokenizer, self.source, self.options.kwargs)
 
     def apply(self, messages: list[Message], generation_prompt: bool) -> str:
         """The template's text of ``messages`` (with the generation prompt when asked)."""
-        shown = [self._shown({k: v for k, v in m.items() if k != "weight"}) for m in messages]
-        kwargs: dict[str, Any] = {"tools": self.tools} if self.tools else {}
+        shown = [self._shown(m) for m in self._with_system(messages)]
+        kwargs: dict[str, Any] = {**self.options.kwargs, **({"tools": self.tools} if self.tools else {})}
         try:
             try:
                 return self.tokenizer.apply_chat_template(shown, tokenize=False, add_generation_prompt=generation_prompt,
@@ -72,20 +113,53 @@ class ChatTemplate:
                 return self.tokenizer.apply_chat_template([_string_arguments(m) for m in shown], tokenize=False,
                                                           add_generation_prompt=generation_prompt, **kwargs)
         except Exception as e:  # jinja raises its own errors (e.g. "roles must alternate") from template code
-            raise DataError(f"{self.place}: the chat template failed on this conversation: "
-                            f"{' '.join(str(e).split())}") from e
+            roles = "/".join(m["role"] for m in messages)
+            raise DataError(f"{self.place}: the chat template of {self.name} failed on this conversation (roles "
+                            f"{roles}), saying: {' '.join(str(e).split())}. Change the record to what this template "
+                            "accepts, or set data.chat_template to a template that renders it.") from e
+
+    def _with_system(self, messages: list[Message]) -> list[Message]:
+        """The messages with a system message the template has no role for folded into the first user turn or
+        dropped, as data.system_fallback says; refused in one line by default."""
+        at = next((j for j, m in enumerate(messages) if m["role"] == "system"), None)
+        if at is None or self.traits.system:
+            return messages
+        if self.options.system == "refuse":
+            raise DataError(f"{self.place}: the chat template of {self.name} has no system role (it refuses or leaves "
+                            "out a system message). Set data.system_fallback: fold (the system prompt goes before the "
+                            "first user message, a blank line between) or drop (train without it), or remove the "
+                            "system prompt from the data.")
+        system = messages[at]["content"]
+        rest = [m for j, m in enumerate(messages) if j != at]
+        if self.options.system == "fold":
+            first = next((j for j, m in enumerate(rest) if m["role"] == "user"), None)
+            if first is None:
+                raise DataError(f"{self.place}: data.system_fallback=fold needs a user message to fold the system "
+                                "prompt into, and this conversation has none.")
+            rest[first] = {**rest[first], "content": f"{system}\n\n{rest[first]['content']}"}
+        return rest
 
     def _shown(self, m: Message) -> Message:
-        """The message as this template reads it: reasoning under its key, or inline before the answer."""
+        """The message as this template reads it: reasoning under its key (a trace written inline too), or inline
+        before the answer; the tool role as the template spells it; content as parts where it reads parts."""
+        m = {k: v for k, v in m.items() if k not in _LOSS_KEYS}
         reasoning = m.get("reasoning_content")
-        if reasoning is None or self.reasoning_key == "reasoning_content":
-            return m
-        shown = {k: v for k, v in m.items() if k != "reasoning_content"}
-        if self.reasoning_key:
-            shown[self.reasoning_key] = reasoning
-        else:
-            shown["content"] = f"<think>\n{reasoning.strip()}\n</think>\n\n{m['content']}"
-        return shown
+        if reasoning is None and self.reasoning_key and m["role"] == "assistant":
+            split = inline_reasoning(m.get("content") or "")
+            if split:  # an inline trace is given to a template that reads reasoning as reasoning
+                m = {**m, "reasoning_content": split[0], "content": split[1]}
+                reasoning = split[0]
+        if reasoning is not None and self.reasoning_key != "reasoning_content":
+            m = {k: v for k, v in m.items() if k != "reasoning_content"}
+            if self.reasoning_key:
+                m[self.reasoning_key] = reasoning
+            else:
+                m["content"] = f"<think>\n{reasoning.strip()}\n</think>\n\n{m['content']}"
+        if m["role"] == "tool" and self.traits.tool_role not in (None, "tool"):
+            m["role"] = self.traits.tool_role
+        if self.traits.parts:  # a tool result's part also names its tool (MiniMax-M1 reads content[i]['name'])
+            m["content"] = as_parts(m.get("content"), m.get("name") if m["role"] != "assistant" else None)
+        return m
 
     def check_rendered(self, messages: list[Message]) -> None:
         """A DataError when the template leaves out a tool result or a tool definition of the conversation."""
@@ -94,38 +168,77 @@ class ChatTemplate:
         text = self.apply(messages, False)
         for j, m in enumerate(messages):
             if m["role"] == "tool" and m["content"].strip() not in text:
-                raise DataError(f"{self.place}: message {j} has role 'tool', but the tokenizer's chat template does "
-                                "not render tool messages (its text is missing from the result). Remove the tool turns "
-                                "or use a tokenizer whose chat template has a tool role.")
+                raise DataError(f"{self.place}: message {j} has role 'tool', but the chat template of {self.name} does "
+                                f"not render tool messages (its text is missing from the result; roles tried: "
+                                f"{', '.join(TOOL_ROLES)}). Remove the tool turns, or set data.chat_template to a "
+                                "template with a tool role.")
         if not self.tools:
             return
         names = [(tool.get("function") or tool).get("name") for tool in self.tools]
         # A template without tools renders the same text with and without them (a tool call can name a tool anyway).
-        bare = ChatTemplate(self.tokenizer, self.place).apply(messages, False)
+        bare = ChatTemplate(self.tokenizer, self.place, options=self.options).apply(messages, False)
         missing = next((name for name in names if name and name not in text), None)
         if missing or bare == text:
-            raise DataError(f"{self.place}: the tokenizer's chat template does not render the 'tools' column (the "
-                            f"definition{f' of {missing!r}' if missing else 's'} would be missing). Use a tokenizer "
-                            "whose chat template takes tools, or set data.ignore_fields: [tools] to train without them.")
+            raise DataError(f"{self.place}: the chat template of {self.name} does not render the 'tools' column (the "
+                            f"definition{f' of {missing!r}' if missing else 's'} would be missing). Set "
+                            "data.chat_template to a template that takes tools, or data.ignore_fields: [tools] to "
+                            "train without them.")
+
+    def with_stop(self, messages: list[Message], i: int, before: str, turn: str) -> str:
+        """Turn ``i`` with the token that stops it. A template that writes no end-of-turn token after an answer but
+        opens the next turn with its header (GLM's '<|user|>', which the model's generation config stops at) would
+        leave the turn without a stop to learn: the text the template writes after the turn when the conversation
+        goes on (the next message, or a probe user message after the last), up to that header token, joins it."""
+        answer_end, call_end = _end_tokens(self.tokenizer, self.source)
+        ends = [t for t in (answer_end, call_end, self.tokenizer.eos_token) if t]
+        if not ends or any(turn.endswith(t) for t in ends):
+            return turn
+        following = messages[i + 1:i + 2] or [{"role": "user", "content": "anyfit-probe-next"}]
+        try:
+            more = self.apply(messages[: i + 1] + following, False)
+        except DataError:  # a template that takes no message here: nothing to learn from it
+            return turn
+        # Where the turn ends in the longer text: right after ``before + turn``, or, in a template that renders the
+        # turn otherwise once the conversation goes on (its think block dropped), after the turn's last characters.
+        if more.startswith(before + turn):
+            at = len(before) + len(turn)
+        else:
+            tail = turn[-40:]
+            at = more.rfind(tail, 0, more.rfind(str(following[0].get("content") or "")) if following[0].get(
+                "content") else len(more))
+            at = at + len(tail) if at >= 0 else -1
+        found = re.match(r"\s*(?:" + "|".join(re.escape(t) for t in ends) + ")", more[at:]) if at >= 0 else None
+        if not found:  # the template writes no stop there (a tool result follows an answer, say)
+            return turn
+        self.next_header_stop += 1
+        return turn + (found.group() if more.startswith(before + turn) else found.group().lstrip())
 
     def check_turn(self, turn: str, message: Message, index: int) -> None:
         """A DataError when a trained turn's text lacks the reasoning or a tool call its message holds."""
         reasoning = (message.get("reasoning_content") or "").strip()
+        inline = inline_reasoning(message.get("content") or "") if not reasoning else None
         if reasoning and reasoning not in turn:
-            raise DataError(f"{self.place}: the chat template does not render the reasoning of assistant turn {index} "
-                            f"(it would train the turn without it{', with an empty think block' if '<think>' in turn else ''}"
-                            "). Use a tokenizer whose chat template renders reasoning_content, or set "
-                            "data.ignore_fields: [reasoning_content] to train the answers alone.")
+            raise DataError(f"{self.place}: the chat template of {self.name} does not render the reasoning of "
+                            f"assistant turn {index} (it would train the turn without it"
+                            f"{', with an empty think block' if '<think>' in turn else ''}). Switch the template's "
+                            "thinking mode on with data.chat_template_kwargs where it has one, set data.chat_template "
+                            "to a template that renders reasoning_content, or set data.ignore_fields: "
+                            "[reasoning_content] to train the answers alone.")
+        if inline and inline[0].strip() and inline[0].strip() not in turn and not self.options.cut_reasoning_ok:
+            raise DataError(f"{self.place}: the chat template of {self.name} cuts the reasoning written inline "
+                            f"(<think>...</think>) from assistant turn {index} (it would train the answer without "
+                            "it). Switch the template's thinking mode on with data.chat_template_kwargs where it has "
+                            "one, set data.chat_template to a template that keeps it, or set data.ignore_fields: "
+                            "[reasoning_content] to train the answers alone.")
         for call in message.get("tool_calls") or ():
             name = call["function"]["name"]
             if name not in turn:
-                raise DataError(f"{self.place}: the chat template does not render the tool call {name!r} of assistant "
-                                f"turn {index} (it would train the turn without the call). Use a tokenizer whose chat "
-                                "template renders tool_calls.")
+                raise DataError(f"{self.place}: the chat template of {self.name} does not render the tool call "
+                                f"{name!r} of assistant turn {index} (it would train the turn without the call). Set "
+                                "data.chat_template to a template that renders tool_calls.")
 
 
-def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemplate,
-               train_reasoning: bool = True) -> list[list[Segment]]:
+def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemplate) -> list[list[Segment]]:
     """The conversation as examples of trained and masked segments (see the module docstring); one example unless the
     template renders earlier turns differently later on. Whitespace after a turn's end token (Qwen's newline after
     <|im_end|>) is formatting between turns, so it goes to the next masked piece; after the last trained turn it is
@@ -142,7 +255,7 @@ def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemp
         if not through.startswith(before):
             at = next((k for k, (a, b) in enumerate(zip(before, through)) if a != b), len(before))
             raise DataError(
-                f"{chat.place}: the tokenizer's chat template renders the conversation before assistant turn {i} "
+                f"{chat.place}: the chat template of {chat.name} renders the conversation before assistant turn {i} "
                 f"differently once the turn is added ({before[max(0, at - 30):at + 30]!r} becomes "
                 f"{through[max(0, at - 30):at + 30]!r}; some templates add e.g. '<think>' to the generation prompt "
                 "only), so the trained span cannot be found. Use data.template=trl (TRL's rule: the loss starts where "
@@ -150,15 +263,26 @@ def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemp
         if not before.startswith(done):  # earlier turns now render otherwise: this turn is an example of its own
             parts.append(segments)
             segments, done = [], ""
-        turn = through[len(before):].rstrip()
+        turn = chat.with_stop(messages, i, before, through[len(before):].rstrip())
         chat.check_turn(turn, messages[i], i)
         segments.append(Segment(before[len(done):], trained=False))
-        segments += _turn_segments(turn, messages[i], train_reasoning)
+        segments += _turn_segments(turn, messages[i], chat, opened=bool(_OPEN_REASONING.search(before)))
         done = before + turn
     if not trained_turns:  # nothing to learn; kept so the caller can count and report it
         segments.append(Segment(chat.apply(messages, False), trained=False))
     parts.append(segments)
     return parts
+
+
+_END_TOKENS: dict[str, tuple[str | None, str | None]] = {}
+
+
+def _end_tokens(tokenizer: PreTrainedTokenizerBase, source: str) -> tuple[str | None, str | None]:
+    """(the token that ends an answer, the one that ends a tool-call turn) in this template
+    (``anyfit.data.stopping.turn_ends``: GLM's next-turn header is one), probed once per template."""
+    if source not in _END_TOKENS:
+        _END_TOKENS[source] = turn_ends(tokenizer)
+    return _END_TOKENS[source]
 
 
 @functools.lru_cache(maxsize=16)
@@ -180,14 +304,26 @@ def _opened_reasoning(before: str, through: str, message: Message) -> str:
     if not reasoning and "</think>" in message.get("content", ""):
         reasoning = message["content"].split("</think>")[0].split("<think>")[-1]
     rest = through[len(head):]
+    rest = rest[_CLOSE_THINK.match(rest).end():] if _CLOSE_THINK.match(rest) else rest  # a close it writes itself
     return before + reasoning.strip() + "\n</think>" + ("" if rest.startswith("\n") else "\n\n") + rest
 
 
-def _turn_segments(turn: str, message: Message, train_reasoning: bool) -> list[Segment]:
-    """The turn as one trained piece; without ``train_reasoning``, its reasoning (and the tag closing it) masked."""
-    if train_reasoning:
-        return [Segment(turn, trained=True)]
+def _turn_segments(turn: str, message: Message, chat: ChatTemplate, opened: bool) -> list[Segment]:
+    """The turn as one trained piece; without ``train_reasoning``, its reasoning (and the tag closing it) masked.
+    A turn without reasoning that starts with an empty think block (or, after a generation prompt that ``opened``
+    one, with its close) has that block masked unless data.train_empty_think: the data holds no reasoning to learn
+    there, and training it teaches the model to skip thinking (``chat.empty_think`` counts these turns)."""
     reasoning = (message.get("reasoning_content") or "").strip()
+    inline = inline_reasoning(message.get("content") or "")
+    if not reasoning and not (inline and inline[0].strip()):
+        empty = _EMPTY_THINK.match(turn) or (_CLOSE_THINK.match(turn) if opened else None)
+        if empty and empty.end() < len(turn):
+            chat.empty_think += 1
+            if not chat.options.train_empty_think:
+                return [Segment(turn[:empty.end()], trained=False), Segment(turn[empty.end():], trained=True)]
+        return [Segment(turn, trained=True)]
+    if chat.options.train_reasoning:
+        return [Segment(turn, trained=True)]
     if reasoning and reasoning in turn:
         end = turn.index(reasoning) + len(reasoning)
     elif "</think>" in message["content"] and "</think>" in turn:  # reasoning written inline in the content
@@ -205,6 +341,34 @@ def _string_arguments(m: Message) -> Message:
                                                                           ensure_ascii=False)}}
              for c in m["tool_calls"]]
     return {**m, "tool_calls": calls}
+
+
+def use_chat_template(tokenizer: PreTrainedTokenizerBase, given: str | None) -> None:
+    """Put data.chat_template (a .jinja file, or the template text itself) in place of the tokenizer's own, so that
+    training, eval, generate and the tokenizer saved with the run (and so the export) all render with it."""
+    if not given:
+        return
+    if "{{" in given or "{%" in given:  # the template text itself
+        text, name = given, "data.chat_template"
+    else:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise DataError(f"data.chat_template={given!r} is neither a file nor template text (no '{{{{' or '{{%'): "
+                            "give the path of a .jinja file or the template itself.")
+        text, name = path.read_text(encoding="utf-8"), f"data.chat_template ({path.name})"
+    if getattr(tokenizer, "chat_template", None) != text:
+        tokenizer.chat_template = text
+    tokenizer.anyfit_chat_template = name
+
+
+def template_name(tokenizer: PreTrainedTokenizerBase) -> str:
+    """How errors name the chat template: data.chat_template's file (or 'data.chat_template'), else the tokenizer's
+    name."""
+    given = getattr(tokenizer, "anyfit_chat_template", None)
+    if given:
+        return given
+    name = getattr(tokenizer, "name_or_path", "") or ""
+    return repr(Path(name).name or name) if name else "the tokenizer"
 
 
 def template_text(tokenizer: PreTrainedTokenizerBase) -> str:

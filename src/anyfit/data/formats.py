@@ -32,7 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from anyfit.config import DataConfig
-from anyfit.data.messages import ROLES, Message, has_content, normalize_message, parse_tools, short, text
+from anyfit.data.messages import (
+    ROLES,
+    Message,
+    has_content,
+    normalize_message,
+    parse_options,
+    parse_tools,
+    short,
+    text,
+)
 from anyfit.data.sources import DataError, Records
 
 __all__ = ["Example", "Format", "Message", "ROLES", "CONTENT_FIELDS", "to_examples", "detect_format",
@@ -49,9 +58,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "tokens": ("input_ids",),
 }
 OPTIONAL: dict[str, tuple[str, ...]] = {
-    "messages": ("system", "answer", "tools"),
-    "prompt_completion": ("input", "system", "answer", "tools"),
-    "alpaca": ("input", "system", "history", "answer", "tools"),
+    "messages": ("system", "answer", "tools", "chat_template_kwargs"),
+    "prompt_completion": ("input", "system", "answer", "tools", "chat_template_kwargs"),
+    "alpaca": ("input", "system", "history", "answer", "tools", "chat_template_kwargs"),
     "text": (),
     "tokens": ("completion_mask",),
 }
@@ -98,6 +107,7 @@ class Example:
     origin: str | None = field(default=None, compare=False)
     tools: list[dict] | None = None
     input: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # the record's options for the chat template
     values: dict[str, str] = field(default_factory=dict, compare=False)
     unused: tuple[str, ...] = field(default=(), compare=False)
 
@@ -232,6 +242,9 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
     extras = dict(system=system, answer=answer, origin=origin, values=values)
     if "tools" in columns and columns["tools"] not in cfg.ignore_fields:
         extras["tools"] = parse_tools(record.get(columns["tools"]), f"{place}: '{columns['tools']}'")
+    if "chat_template_kwargs" in columns and has_content(record.get(columns["chat_template_kwargs"])):
+        extras["chat_template_kwargs"] = parse_options(record[columns["chat_template_kwargs"]],
+                                                       f"{place}: '{columns['chat_template_kwargs']}'")
     if fmt == "tokens":
         example = _tokens(record, index, columns, place, origin)
     elif fmt == "text":

@@ -20,6 +20,7 @@ reads are returned as ``unused``, so nothing disappears without being counted (`
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,9 +37,13 @@ ROLE_ALIASES = {"human": "user", "gpt": "assistant", "model": "assistant", "obse
                 "function": "tool", "function_response": "tool", "ipython": "tool", "tool_response": "tool"}
 # Where a reasoning trace is kept, in order of preference; the canonical key is the first.
 REASONING_KEYS = ("reasoning_content", "thinking", "reasoning")
+# Per-message switches that keep an assistant turn out of the loss when false (ms-swift's `loss`, and `train`).
+LOSS_FLAGS = ("loss", "train")
 # Message keys read here (besides the reasoning keys); the rest are reported as unused when they hold content.
 _READ = {"role", "content", "from", "value", "tool_calls", "function_call", "name", "tool_call_id", "weight",
-         *REASONING_KEYS}
+         *LOSS_FLAGS, *REASONING_KEYS}
+# A reasoning trace written inline at the start of an answer (DeepSeek-R1's and Qwen3's distilled traces).
+_INLINE_THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
 
 
 def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) -> tuple[Message, list[str]]:
@@ -74,8 +79,8 @@ def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) 
         out = {"role": role, "content": _content(content, f"{where}: 'content'", empty_ok=bool(calls))}
         if calls:
             out["tool_calls"] = _calls(calls, where)
-    reasoning = next((m[k] for k in REASONING_KEYS if isinstance(m.get(k), str) and m[k].strip()), None)
-    if reasoning is not None:
+    reasoning = next((_reasoning(m[k], f"{where}: {k!r}") for k in REASONING_KEYS if has_content(m.get(k))), None)
+    if reasoning is not None and reasoning.strip():
         if out["role"] != "assistant":
             raise DataError(f"{where} has a reasoning trace on a {out['role']!r} message; only assistant turns reason.")
         out["reasoning_content"] = text(reasoning, f"{where}: reasoning")
@@ -87,8 +92,33 @@ def normalize_message(m: Any, where: str, ignore: frozenset[str] = frozenset()) 
             raise DataError(f"{where} has weight {short(m['weight'])}; a weight is 0 or 1, on assistant turns (0: the "
                             "turn is context, not trained).")
         out["weight"] = int(m["weight"])
+    for key in LOSS_FLAGS:  # ms-swift's `loss`, and `train`: false keeps an assistant turn as context
+        if m.get(key) is not None:
+            if not isinstance(m[key], bool) or (m[key] and out["role"] != "assistant"):
+                raise DataError(f"{where} has {key}: {short(m[key])}; it is true or false, and only assistant turns "
+                                "are trained (false: the turn is context).")
+            if out["role"] == "assistant":
+                out["weight"] = min(out.get("weight", 1), int(m[key]))
     unused = [k for k, v in m.items() if k not in _READ and has_content(v)]
     return out, ignored + unused
+
+
+def inline_reasoning(content: Any) -> tuple[str, str] | None:
+    """(reasoning, answer) of content that starts with a ``<think>...</think>`` block; None otherwise. The answer
+    loses the whitespace after the block, as templates that split it off write it (Qwen3's ``lstrip('\\n')``)."""
+    found = _INLINE_THINK.match(content) if isinstance(content, str) else None
+    return (found.group(1).strip("\n"), found.group(2).lstrip("\n")) if found else None
+
+
+def _reasoning(value: Any, where: str) -> str:
+    """A reasoning trace as text: a string; a number written out; a list of strings (steps) joined by newlines.
+    Anything else is refused: dropping it would train the answer without its reasoning."""
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "\n".join(v for v in value if v.strip())
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return text(value, where)
+    raise DataError(f"{where} must be text (a string, or a list of strings joined by newlines), got {short(value)}; "
+                    "write the trace as text, or set data.ignore_fields to train without it.")
 
 
 def parse_tools(value: Any, where: str) -> list[dict] | None:
@@ -103,6 +133,15 @@ def parse_tools(value: Any, where: str) -> list[dict] | None:
                         f"{{\"name\", \"description\", \"parameters\"}}}}), or that list as a JSON string; got "
                         f"{short(value)}.")
     return [dict(t) for t in value]
+
+
+def parse_options(value: Any, where: str) -> dict[str, Any]:
+    """A record's ``chat_template_kwargs``: an object of options for the chat template, or its JSON string."""
+    value = _json(value, where)
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
+        raise DataError(f"{where} must be an object of chat template options (e.g. {{\"enable_thinking\": false}}) "
+                        f"or its JSON string, got {short(value)}.")
+    return dict(value)
 
 
 def _calls(value: Any, where: str) -> list[dict]:

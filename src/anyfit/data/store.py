@@ -58,8 +58,9 @@ from tqdm.auto import tqdm
 from anyfit import durable
 from anyfit.cache import cache_root, digest_memo
 from anyfit.config import DataConfig
-from anyfit.data import answers, audit, chat, formats, messages, stopping, templates, tokenization
+from anyfit.data import answers, audit, chat, formats, messages, stopping, template_probes, templates, tokenization
 from anyfit.data.audit import Findings
+from anyfit.data.chat import use_chat_template
 from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
@@ -72,7 +73,7 @@ ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "tr
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
-TOKENIZING_CODE = (formats, messages, chat, templates, stopping, audit, tokenization, answers)
+TOKENIZING_CODE = (formats, messages, chat, template_probes, templates, stopping, audit, tokenization, answers)
 _KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
 BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
 PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves
@@ -202,6 +203,7 @@ class Examples:
 def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
     """The store of ``cfg`` + ``tokenizer``: mapped when it exists and is intact, else built (by exactly one
     process per location; the others wait on the lock, then map it)."""
+    use_chat_template(tokenizer, cfg.chat_template)  # before the key: the tokenizer's fingerprint holds its template
     root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_dir()
     root.mkdir(parents=True, exist_ok=True)
     key = store_key(cfg, tokenizer)

@@ -2,8 +2,9 @@ r"""Templates: how an ``Example`` is laid out as text, and which part of it carr
 
 ``data.template`` is one of
 
-- ``chat``: the tokenizer's chat template; every assistant turn is trained. A string prompt becomes a user
-  message, the completion the assistant's answer.
+- ``chat``: the tokenizer's chat template (or data.chat_template, with data.chat_template_kwargs); every assistant
+  turn is trained (``data.train_on=last_turn``: the final one; a turn with weight 0 or loss/train false is context).
+  A string prompt becomes a user message, the completion the assistant's answer.
 - ``plain``: the prompt then the completion, exactly as written: the text is ``prompt + completion`` with
   nothing added between them (a separator, a space or a newline, belongs in the data or in a custom template);
 - ``trl``: the records as TRL's ``SFTTrainer`` tokenizes them (its default settings; ``data.train_on`` picks its
@@ -51,7 +52,7 @@ from typing import TYPE_CHECKING, Union
 
 from anyfit.config import DataConfig
 from anyfit.data.answers import example_gold
-from anyfit.data.chat import ChatTemplate, Segment, chat_parts, default_system_prompt, template_text
+from anyfit.data.chat import ChatTemplate, Segment, TemplateOptions, chat_parts, default_system_prompt, template_text
 from anyfit.data.formats import Example, Message
 from anyfit.data.sources import DataError
 
@@ -82,11 +83,16 @@ class MissingAnswer(DataError):
 
 @dataclass(frozen=True)
 class Rendering:
-    """An example as segments, each tokenized on its own. ``add_special_tokens``: put the tokenizer's leading
-    special tokens (BOS) first; false for chat templates, which write their own."""
+    """An example as segments. ``add_special_tokens``: put the tokenizer's leading special tokens (BOS) first; false
+    for chat templates, which write their own. ``whole``: the segments' text is tokenized once, as inference
+    tokenizes a rendered conversation, and the loss mask comes from where the trained segments lie in it (chat
+    templates); otherwise each segment is tokenized on its own (text templates: the prompt's ids are those the model
+    is given when it generates)."""
 
     segments: list[Segment]
     add_special_tokens: bool
+    whole: bool = False
+    notes: tuple[str, ...] = ()  # what the data report says of it (``anyfit.data.audit.NOTES``)
 
 
 @dataclass(frozen=True)
@@ -108,6 +114,7 @@ class TemplateMasked:
     messages: list[Message]
     place: str
     tools: list[dict] | None = None
+    kwargs: dict | None = None  # data.chat_template_kwargs, the record's over them
 
 
 Rendered = Union[Rendering, Joined, TemplateMasked]
@@ -124,9 +131,12 @@ def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig
         return [Rendering([Segment(example.text or "", trained=True)], add_special_tokens=True)]
     if cfg.template == "chat":
         messages, trained_turns = _chat_messages(example, cfg)
-        chat = ChatTemplate(tokenizer, example.place, example.tools)
-        return [Rendering(segments, add_special_tokens=False)
-                for segments in chat_parts(messages, trained_turns, chat, cfg.train_reasoning)]
+        chat = ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
+        parts = chat_parts(messages, trained_turns, chat)
+        empty = "empty_think_trained" if cfg.train_empty_think else "empty_think_masked"
+        notes = (empty,) if chat.empty_think else ()
+        notes += ("next_header_stop",) if chat.next_header_stop else ()
+        return [Rendering(segments, add_special_tokens=False, whole=True, notes=notes) for segments in parts]
     prompt, completion = _single_turn(example, cfg)
     if cfg.template == "r1_zero":
         answer = example_gold(example)
@@ -151,9 +161,17 @@ def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: Dat
         messages, trained_turns = _chat_messages(example, cfg)
         if not trained_turns:
             raise DataError(f"{example.place} has no assistant turn to generate.")
-        return ChatTemplate(tokenizer, example.place, example.tools).apply(messages[: trained_turns[-1]], True)
+        chat = ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
+        return chat.apply(messages[: trained_turns[-1]], True)
     prompt, _ = _single_turn(example, cfg)
     return prompt if cfg.template == "trl" else _text_prompt(prompt, cfg, example)
+
+
+def template_options(example: Example, cfg: DataConfig) -> TemplateOptions:
+    """How this example meets the chat template: data.chat_template_kwargs with the record's own over them, and the
+    data.* settings ``anyfit.data.chat.TemplateOptions`` names."""
+    return TemplateOptions({**cfg.chat_template_kwargs, **(example.chat_template_kwargs or {})}, cfg.system_fallback,
+                           cfg.train_empty_think, cfg.train_reasoning, "reasoning_content" in cfg.ignore_fields)
 
 
 def uses_chat_template(example: Example, cfg: DataConfig) -> bool:
@@ -198,13 +216,14 @@ def _render_trl(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataC
     messages, _ = _chat_messages(example, cfg)
     unweighted = next((j for j, m in enumerate(messages) if m.get("weight") == 0), None)
     if unweighted is not None:
-        raise DataError(f"{example.place}: message {unweighted} has weight 0, but TRL trains every assistant turn "
+        raise DataError(f"{example.place}: message {unweighted} is marked as context (weight 0, or loss/train: false), "
+                        "but TRL trains every assistant turn "
                         "(data.template=trl); use data.template=chat, which keeps it out of the loss.")
-    chat = ChatTemplate(tokenizer, example.place, example.tools)
+    chat = ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
     chat.check_rendered(messages)
     if example.kind == "messages":
         if cfg.train_on == "completion":
-            return TemplateMasked(messages, example.place, example.tools)
+            return TemplateMasked(messages, example.place, example.tools, chat.options.kwargs)
         return Joined(chat.apply(messages, False), None, add_special_tokens=False)
     prompt = chat.apply(messages[:-1], True)
     full = chat.apply(messages, False)
@@ -273,6 +292,9 @@ def _chat_messages(example: Example, cfg: DataConfig) -> tuple[list[Message], li
     if example.kind == "messages":
         messages = list(example.messages or [])
         trained = [i for i, m in enumerate(messages) if m["role"] == "assistant" and m.get("weight", 1)]
+        if cfg.train_on == "last_turn":  # the final assistant turn only (when its own weight lets it train)
+            last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+            trained = [i for i in trained if i == last]
     else:
         prompt = example.prompt or ""
         if example.input and isinstance(prompt, str):

@@ -5,10 +5,11 @@
 ignored because no token predicts it, so the count of other labels is exactly the number of tokens the
 loss is taken over.
 
-Each segment of a ``Rendering`` is tokenized on its own and the ids are concatenated, so the prompt's ids
-are the ones the model is given when it generates (tokenizing the joined text could merge tokens
-across the prompt/completion boundary). ``data.template=trl`` renderings are tokenized whole instead,
-as TRL does (see ``anyfit.data.templates``).
+A chat template's rendering is tokenized whole, as inference tokenizes a rendered conversation, and the loss mask
+comes from the characters each token covers (``_tokenize_whole`` states the rule at a boundary). A text template's
+prompt is tokenized on its own, so its ids are the ones the model is given when it generates; the completion's ids
+are those that follow them in the joined text (tokenized apart only where a token straddles the two, e.g. a prompt
+ending with a space). ``data.template=trl`` renderings are tokenized whole, as TRL does (see ``anyfit.data.templates``).
 
 ``show_example`` prints one tokenized example with its loss mask visible (``anyfit render``): seeing
 exactly which tokens carry loss is the quickest check that a template and mask are right.
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 
 from anyfit.config import DataConfig
 from anyfit.data.audit import IGNORE_INDEX, Findings, MaskAudit, audit_lines
+from anyfit.data.chat import template_name, use_chat_template
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.stopping import stop_token_ids
 from anyfit.data.sources import DataError
@@ -75,6 +77,7 @@ class DataReport:
     audit: dict[str, int] = field(default_factory=dict)  # mask audit finding -> records
     audit_places: dict[str, list[str]] = field(default_factory=dict)  # the first records of each finding
     split_records: int = 0  # records made into several examples
+    notes: dict[str, int] = field(default_factory=dict)  # what was done to some records (anyfit.data.audit.NOTES)
 
     def summary(self) -> str:
         made = f" ({self.split_records} split into several examples)" if self.split_records else ""
@@ -135,6 +138,7 @@ def tokenize_dataset(records_or_examples: Sequence[Mapping[str, Any]] | Sequence
     """
     if not records_or_examples:
         raise DataError("No examples to tokenize: the dataset is empty.")
+    use_chat_template(tokenizer, cfg.chat_template)
     if isinstance(records_or_examples[0], Example):
         examples = list(records_or_examples)
     else:
@@ -174,6 +178,7 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
     audit = MaskAudit.of(tokenizer, cfg)
     # laid_out: the mask is anyfit's own segments (assistant turns by construction), not a template's or the data's.
     laid_out = [False] * len(examples)
+    notes: dict[int, list[str]] = {}  # what the data report says of a record (an empty think block kept out)
     if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
         pairs = [[_pretokenized(e, cfg, len(tokenizer))] for e in examples]
     else:
@@ -190,13 +195,16 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
             renderings += parts
             owners += [i] * len(parts)
             laid_out[i] = all(isinstance(r, Rendering) for r in parts)
+            for r in parts:
+                if isinstance(r, Rendering) and r.notes:
+                    notes.setdefault(i, []).extend(r.notes)
         for i, pair in zip(owners, _tokenize_renderings(renderings, tokenizer, cfg)):
             pairs[i].append(pair)
     # The audit scans the whole batch at once (vectorised: it runs on every token of a data set).
     owner = [i for i, example_pairs in enumerate(pairs) for _ in example_pairs]
     found = audit.scan([pair for example_pairs in pairs for pair in example_pairs], [not laid_out[i] for i in owner],
                        examples[0].kind == "tokens")
-    findings: dict[int, list[str]] = {}
+    findings = notes
     for k, names in found.items():
         findings.setdefault(owner[k], []).extend(names)
     results = []
@@ -310,14 +318,30 @@ def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTok
     eos = tokenizer.eos_token_id
     stops = set(stop_token_ids(tokenizer)) if any(not r.add_special_tokens for r in renderings) else set()
     prefix = _special_prefix(tokenizer)
-    # One batched call: the fast tokenizer encodes the whole list in parallel.
-    encoded = iter(_encode([s.text for r in renderings for s in r.segments], tokenizer))
+    # One batched call each: the fast tokenizer encodes the whole list in parallel.
+    encoded = iter(_encode([s.text for r in renderings if not r.whole for s in r.segments], tokenizer))
+    wholes = iter(_tokenize_whole([r for r in renderings if r.whole], tokenizer))
+    # A prompt and its completion: the completion's ids as they follow the prompt's in the joined text, where the
+    # prompt's own ids start it (no token across the boundary). Tokenized apart, a SentencePiece tokenizer with a
+    # dummy prefix would begin the completion with a '▁' that the joined text lacks.
+    joined = iter(_encode([r.segments[0].text + r.segments[1].text for r in renderings if _prompt_completion(r)],
+                          tokenizer))
     results = []
     for rendering in renderings:
         input_ids: list[int] = list(prefix) if rendering.add_special_tokens else []
         labels: list[int] = [IGNORE_INDEX] * len(input_ids)
-        for segment in rendering.segments:
+        if rendering.whole:
+            ids, ranges = next(wholes)
+            masked = [IGNORE_INDEX] * len(ids)
+            for a, b in ranges:
+                masked[a:b] = ids[a:b]
+            input_ids += ids
+            labels += masked
+        together = next(joined) if _prompt_completion(rendering) else None
+        for k, segment in enumerate(() if rendering.whole else rendering.segments):
             ids = next(encoded)
+            if k == 1 and together is not None and together[:len(input_ids) - len(prefix)] == input_ids[len(prefix):]:
+                ids = together[len(input_ids) - len(prefix):]
             input_ids += ids
             labels += ids if segment.trained else [IGNORE_INDEX] * len(ids)
         # The model must learn to stop: end the last trained segment with EOS unless it already ends with a token
@@ -330,6 +354,91 @@ def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTok
             labels.append(eos)
         results.append((input_ids, labels))
     return results
+
+
+def _prompt_completion(rendering: Rendering) -> bool:
+    """A text template's rendering: a masked prompt, then the trained completion."""
+    segments = rendering.segments
+    return (not rendering.whole and len(segments) == 2 and not segments[0].trained and segments[1].trained
+            and bool(segments[0].text) and bool(segments[1].text))
+
+
+def _tokenize_whole(renderings: Sequence[Rendering],
+                    tokenizer: PreTrainedTokenizerBase) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """(ids, trained token ranges) of each rendering's text tokenized once, as ``apply_chat_template(...,
+    tokenize=True)`` does at inference (no special tokens added: the template writes its own). Tokenizing the pieces
+    apart would train ids that inference never sees: a SentencePiece tokenizer with a dummy prefix (Mistral's,
+    Llama-2's) starts every call with '▁', and pieces cannot merge across their boundaries.
+
+    Which tokens are trained comes from the characters each token covers (a fast tokenizer's offsets). The rule at
+    a boundary: a token that holds any character of a trained segment is trained, since the model must write that
+    token to write those characters (TRL's first-difference rule says the same at a prompt's end); a token that
+    covers no character (a dummy prefix) goes with the character after it."""
+    if not renderings:
+        return []
+    texts = ["".join(s.text for s in r.segments) for r in renderings]
+    spans = [_trained_spans(r) for r in renderings]
+    encodings = _encodings(texts, tokenizer)
+    if encodings is None:  # no character offsets (a slow tokenizer): the token boundaries found from prefixes
+        return [_mask_by_prefixes(text, span, tokenizer) for text, span in zip(texts, spans)]
+    # Only the tokens at each span's two ends are looked at: this runs on every example of a data set.
+    return [(list(e.ids), [r for a, b in span if (r := _token_range(e, a, b))]) for e, span in zip(encodings, spans)]
+
+
+def _token_range(encoding, a: int, b: int) -> tuple[int, int] | None:
+    """The tokens [start, end) that hold a character of text[a:b] (``_tokenize_whole``'s rule)."""
+    first = next((t for c in range(a, b) if (t := encoding.char_to_token(c)) is not None), None)
+    if first is None:  # characters no token covers (removed by the tokenizer's normaliser)
+        return None
+    last = next(t for c in range(b - 1, a - 1, -1) if (t := encoding.char_to_token(c)) is not None)
+    n = len(encoding.ids)
+    while first > 0:  # a token before that also holds the span's first character, or an empty one just there
+        s, e = encoding.token_to_chars(first - 1) or (0, 0)
+        if not (e > a or s == e == a):
+            break
+        first -= 1
+    while last + 1 < n:  # a token after that also holds a character before b (tokens can share characters)
+        s, e = encoding.token_to_chars(last + 1) or (b, b)
+        if not (s < b and e > s):
+            break
+        last += 1
+    return first, last + 1
+
+
+def _trained_spans(rendering: Rendering) -> list[tuple[int, int]]:
+    """The character spans of a rendering's trained segments in its joined text."""
+    spans, at = [], 0
+    for segment in rendering.segments:
+        if segment.trained and segment.text:
+            spans.append((at, at + len(segment.text)))
+        at += len(segment.text)
+    return spans
+
+
+def _encodings(texts: list[str], tokenizer: PreTrainedTokenizerBase) -> list | None:
+    """The fast tokenizer's encodings (ids and character offsets) of each text, without added special tokens;
+    None for a tokenizer without them."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if _plain_backend(tokenizer, backend):
+        return backend.encode_batch(texts, add_special_tokens=False)
+    try:
+        return tokenizer(texts, add_special_tokens=False).encodings
+    except (NotImplementedError, AttributeError, ValueError):  # transformers' slow (Python) tokenizers have none
+        return None
+
+
+def _mask_by_prefixes(text: str, spans: list[tuple[int, int]],
+                      tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[tuple[int, int]]]:
+    """The same rule without offsets: the tokens before character p are those the ids of ``text[:p]`` share with
+    the whole text's; a token that differs there straddles p, and holds characters of the span after it."""
+    ids = _encode([text], tokenizer)[0]
+    ranges = []
+    for a, b in spans:
+        start = _common_prefix(_encode([text[:a]], tokenizer)[0], ids) if a else 0
+        upto = _encode([text[:b]], tokenizer)[0]
+        end = len(upto) if ids[:len(upto)] == upto else _common_prefix(upto, ids) + 1
+        ranges.append((start, min(end, len(ids))))
+    return ids, ranges
 
 
 def _tokenize_joined(renderings: Sequence[Joined], tokenizer: PreTrainedTokenizerBase,
@@ -354,10 +463,14 @@ def _tokenize_template_masked(renderings: Sequence[TemplateMasked], tokenizer: P
         try:
             enc = tokenizer.apply_chat_template(rendering.messages, chat_template=template, tokenize=True,
                                                 return_dict=True, return_assistant_tokens_mask=True,
+                                                **(rendering.kwargs or {}),
                                                 **({"tools": rendering.tools} if rendering.tools else {}))
         except Exception as e:  # jinja raises its own errors from template code
-            raise DataError(f"{rendering.place}: the chat template failed on this conversation: "
-                            f"{' '.join(str(e).split())}") from e
+            roles = "/".join(m["role"] for m in rendering.messages)
+            raise DataError(f"{rendering.place}: the chat template of {template_name(tokenizer)} (with TRL's "
+                            f"{{% generation %}} marks) failed on this conversation (roles {roles}), saying: "
+                            f"{' '.join(str(e).split())}. Change the record to what this template accepts, or use "
+                            "data.template=chat.") from e
         ids = list(enc["input_ids"])
         results.append((ids, [t if m else IGNORE_INDEX for t, m in zip(ids, enc["assistant_masks"])]))
     return results
@@ -369,7 +482,7 @@ def _pretokenized(example: Example, cfg: DataConfig, vocab_size: int) -> tuple[l
     if bad is not None:
         raise DataError(f"{example.place}: token id {bad} is outside the tokenizer's vocabulary "
                         f"(0..{vocab_size - 1}); the data was tokenized with another tokenizer.")
-    mask = example.completion_mask if example.completion_mask is not None and cfg.train_on == "completion" \
+    mask = example.completion_mask if example.completion_mask is not None and cfg.train_on != "all" \
         else [1] * len(ids)
     labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
     labels[0] = IGNORE_INDEX  # nothing predicts the first token

@@ -34,6 +34,7 @@ from anyfit.config import Config, DataConfig
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, detect_format, to_examples
 from anyfit.data.sources import DataError, load_records
+from anyfit.data.chat import use_chat_template
 from anyfit.data.tokenization import prompt_token_ids
 from anyfit.evaluation.answers import AnswerStyle, extract_answer
 from anyfit.evaluation.grading import grade
@@ -149,6 +150,7 @@ def run_eval(backend: InferenceBackend, examples: Sequence[Example], cfg: DataCo
              params: GenerationParams) -> tuple[list[dict], dict[str, Any]]:
     """Generate an answer for every example with a gold answer, score them; ``(rows, summary)``."""
     tokenizer = backend.tokenizer
+    use_chat_template(tokenizer, cfg.chat_template)  # a run's saved tokenizer has it already; a base model's not
     kept = [(ex, g) for ex in examples if (g := example_gold(ex)) is not None]
     if not kept:
         raise DataError(f"None of the {len(examples)} examples has a gold answer: map an answer column with "

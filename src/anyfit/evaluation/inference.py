@@ -66,6 +66,7 @@ class GenerationParams:
     chat: bool = True  # string prompts: render as a user message with ``template`` (False: raw text)
     template: str = "chat"  # data.template for string prompts: the chat template, plain, r1_zero or a custom one
     system_prompt: str | None = None  # for chat-rendered string prompts
+    chat_template_kwargs: dict = field(default_factory=dict, hash=False)  # data.chat_template_kwargs
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -192,7 +193,8 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParam
 
     Raw text gets the tokenizer's leading special tokens (Llama's BOS) exactly as the training templates do.
     """
-    chat = DataConfig(template=params.template, system_prompt=params.system_prompt)
+    chat = DataConfig(template=params.template, system_prompt=params.system_prompt,
+                      chat_template_kwargs=dict(params.chat_template_kwargs))
     raw = DataConfig(template="{prompt}")  # the text, verbatim
     out = []
     for i, p in enumerate(prompts):

@@ -27,6 +27,7 @@ from anyfit.export.publish import model_card, push_folder
 from anyfit.export.request import DTYPES, ExportRequest, ExportResult, check_request
 from anyfit.export.sharded import gather_sharded_checkpoint
 from anyfit.hardware.runtime import quiet_deepspeed
+from anyfit.model.composite import model_class
 from anyfit.model.loading import load_for_inference
 from anyfit.runfolder import RUN_CONFIG
 
@@ -72,7 +73,8 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
     # Loaded in the export dtype, not fp32 then cast: PEFT computes the LoRA delta in fp32 on the CPU and
     # adds it once, and a 7B model in fp32 would need twice the memory of the bf16 one.
     model, tokenizer = load_for_inference(req.run, device="cpu", dtype=DTYPES[req.dtype], merge_lora=True)
-    result = ExportResult(req.out, req.dtype, merged_adapter=req.location.adapter is not None)
+    result = ExportResult(req.out, req.dtype, merged_adapter=req.location.adapter is not None,
+                          auto_class=model_class(model.config).__name__)
     if result.merged_adapter:
         echo(f"[anyfit] export: merged the LoRA adapter into {req.location.base}")
     model.save_pretrained(folder)

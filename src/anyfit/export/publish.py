@@ -61,7 +61,7 @@ def model_card(req: ExportRequest, result: ExportResult, parameters: int, comman
         lines += _data_section(cfg, req.run_files.run_info)
         lines += _training_section(cfg, req.run_files)
     lines += _results_section(req.run_files, req.eval_summary)
-    lines += _usage_section(req.out.name, cfg)
+    lines += _usage_section(req.out.name, cfg, result.auto_class)
     lines += ["## How this was made", "", "```", command or f"anyfit.export.folder.export({str(req.run)!r})", "```",
               ""]
     v = versions()
@@ -104,6 +104,15 @@ def _data_section(cfg, run_info: dict[str, Any]) -> list[str]:
     lines.append(f"- Format: {d.format}; template: `{d.template}`" + (f"; system prompt: {d.system_prompt!r}"
                                                                       if d.system_prompt else ""))
     lines.append(f"- Loss on: {d.train_on} tokens; max length {d.max_length} ({d.overlong})")
+    options = getattr(d, "chat_template_kwargs", None)
+    if options:
+        args = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        lines.append(f"- Chat template options: trained with `{options}`; render prompts the same way: "
+                     f"`tok.apply_chat_template(messages, add_generation_prompt=True, {args})` (vLLM: "
+                     f"`chat_template_kwargs={options}`).")
+    if getattr(d, "chat_template", None):
+        lines.append("- Chat template: replaced for training by `data.chat_template`; the tokenizer here carries that "
+                     "template.")
     if d.template != "chat":
         lines.append(f"- Prompts were laid out with the `{d.template}` template, not the chat template: give the "
                      "model prompts in that layout (`anyfit generate --model` on this folder does it: the run's "
@@ -155,12 +164,12 @@ def _results_section(run_files: RunFiles, summary: dict[str, Any] | None) -> lis
     return lines + [""]
 
 
-def _usage_section(name: str, cfg) -> list[str]:
+def _usage_section(name: str, cfg, auto_class: str = "AutoModelForCausalLM") -> list[str]:
     chat = cfg is None or cfg.data.template == "chat"
     prompt = ('tok.apply_chat_template([{"role": "user", "content": "Hello!"}], add_generation_prompt=True, '
               'return_tensors="pt", return_dict=True)' if chat else 'tok("YOUR PROMPT", return_tensors="pt")')
-    return ["## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-            f'model = AutoModelForCausalLM.from_pretrained("{name}")', f'tok = AutoTokenizer.from_pretrained("{name}")',
+    return ["## Usage", "", "```python", f"from transformers import {auto_class}, AutoTokenizer", "",
+            f'model = {auto_class}.from_pretrained("{name}")', f'tok = AutoTokenizer.from_pretrained("{name}")',
             f"inputs = {prompt}", "out = model.generate(**inputs, max_new_tokens=128)",
             'print(tok.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True))', "```", ""]
 

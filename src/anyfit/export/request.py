@@ -250,9 +250,11 @@ def check_gguf_support(location: ModelLocation) -> None:
 def check_gguf_architecture(config: dict) -> None:
     archs = config.get("architectures") or []
     if not any(a in GGUF_ARCHS for a in archs):
+        composite = (" (a composite: convert_hf_to_gguf.py writes its language model, and with --mmproj the rest)"
+                     if isinstance(config.get("text_config"), dict) else "")
         raise ExportError(f"GGUF export handles {', '.join(GGUF_ARCHS)}; this model is "
                           f"{', '.join(archs) or 'of an unrecorded architecture'}. Export without --gguf and convert "
-                          "the folder with llama.cpp's convert_hf_to_gguf.py.")
+                          f"the folder with llama.cpp's convert_hf_to_gguf.py{composite}.")
 
 
 def check_gguf_tokenizer(tok_json: dict) -> None:
@@ -335,3 +337,4 @@ class ExportResult:
     gguf: dict[str, Path] = field(default_factory=dict)
     agreement: dict[str, GGUFAgreement] = field(default_factory=dict)
     pushed: str | None = None
+    auto_class: str = "AutoModelForCausalLM"  # what loads it with transformers (a composite: its own, for the card)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from anyfit.backends import writer_of
 from anyfit.config import ConfigError, load_config
+from anyfit.data.chat import use_chat_template
 from anyfit.durable import follow_umask
 from anyfit.export import ExportError
 from anyfit.hardware.runtime import inference_policy
@@ -53,7 +54,9 @@ def gather_sharded_checkpoint(folder: Path, echo=print) -> None:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ExportError(f"{folder}/{writer.folder} cannot be read ({first}); export an earlier checkpoint.") from e
     model.save_pretrained(folder, safe_serialization=True)
-    load_tokenizer(cfg.model).save_pretrained(folder)
+    tokenizer = load_tokenizer(cfg.model)
+    use_chat_template(tokenizer, cfg.data.chat_template)  # the template the run trained with, as the run saves it
+    tokenizer.save_pretrained(folder)
     if (folder / "adapter_config.json").is_file():
         record_base(folder, cfg.model)
     follow_umask(folder)

@@ -19,9 +19,11 @@ from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
 from anyfit.hub import check_model_id
 from anyfit.model.attention import register as register_varlen_attention
+from anyfit.model.composite import freeze_all_but_language, language_modules, lora_scope, model_class
 from anyfit.model.gguf_cache import drop_gguf_quantizer
 from anyfit.model.offload import offload_activations
 from anyfit.model.head import fuse_head
+from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, moe_blocks, restore_dropout
 from anyfit.model.tiled import tile_mlps
 from anyfit.model.shape import resolve_lora_targets
 from anyfit.model.source import ModelSource, locate_model
@@ -76,6 +78,8 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         kwargs["device_map"] = {"": device_index if policy.device == "cuda" else policy.device}
     try:
         model = _instantiate(src, kwargs, empty)
+    except ConfigError:
+        raise
     except ValueError:
         if cfg.model.attn_implementation != "auto" or attn != "anyfit_varlen":
             raise
@@ -85,6 +89,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         model = _instantiate(src, kwargs, empty)
     if src.gguf_file:
         drop_gguf_quantizer(model)
+    freeze_all_but_language(model)  # a composite (vision-language) checkpoint trains its language model only
     if cfg.model.gradient_checkpointing:
         enable_checkpointing(model, cfg.model.checkpoint_every)
     if cfg.model.activation_offload:
@@ -93,6 +98,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         tile_mlps(model)
     if cfg.train.fused_loss:
         fuse_head(model)
+    balance_routers(model, cfg.train.router_aux_loss_coef)  # MoE: the router's load-balancing loss, if asked
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
     return model
@@ -101,18 +107,22 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
 def _instantiate(src: ModelSource, kwargs: dict, empty: bool) -> nn.Module:
     """``from_pretrained``, or with ``empty`` the architecture alone: built from the config under Accelerate's
     ``init_empty_weights``, which puts every parameter on the meta device (no memory, nothing read) and keeps
-    buffers real, so buffers that are computed rather than saved (rotary frequencies) are right already."""
+    buffers real, so buffers that are computed rather than saved (rotary frequencies) are right already. The class
+    is the checkpoint's own (``anyfit.model.composite.model_class``: a vision-language composite stays whole)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if not empty:
+    if src.gguf_file and not empty:  # a GGUF file holds one language model
         return AutoModelForCausalLM.from_pretrained(src.path, **kwargs)
-    from accelerate import init_empty_weights
-
     common = {k: kwargs[k] for k in ("trust_remote_code", "revision", "gguf_file") if k in kwargs}
     config = AutoConfig.from_pretrained(src.path, **common)
+    auto = model_class(config, src.path, bool(kwargs.get("trust_remote_code")))
+    if not empty:
+        return auto.from_pretrained(src.path, **kwargs)
+    from accelerate import init_empty_weights
+
     built = {k: kwargs[k] for k in ("dtype", "attn_implementation", "trust_remote_code") if k in kwargs}
     with init_empty_weights():
-        model = AutoModelForCausalLM.from_config(config, **built)
+        model = auto.from_config(config, **built)
     model.tie_weights()  # as from_pretrained does (from_config under init_empty_weights leaves them apart)
     return model
 
@@ -138,13 +148,15 @@ def enable_checkpointing(model: nn.Module, every: int = 1) -> None:
 
 
 def linear_leaf_names(model: nn.Module) -> list[str]:
-    """Leaf names of the linear layers inside the model body (not the output head), in first-seen order."""
+    """Leaf names of the linear layers inside the model body (not the output head), in first-seen order; of a
+    composite's language model only."""
     from transformers.pytorch_utils import Conv1D
 
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    gates = {gate for block in moe_blocks(model) for gate in block.gates}  # an MoE router is never adapted
     names: dict[str, None] = {}
-    for name, module in model.named_modules():
-        if module is head:
+    for name, module in language_modules(model):
+        if module is head or name in gates:
             continue
         if isinstance(module, (nn.Linear, Conv1D)) or type(module).__name__ in ("Linear4bit", "Linear8bitLt"):
             names[name.rsplit(".", 1)[-1]] = None
@@ -152,20 +164,29 @@ def linear_leaf_names(model: nn.Module) -> list[str]:
 
 
 def find_lora_targets(model: nn.Module, spec: list[str] | str) -> list[str]:
-    """Resolve ``lora.target_modules`` over the model's own linear layers (``anyfit.model.shape``'s rule)."""
-    return resolve_lora_targets(linear_leaf_names(model), spec)
+    """Resolve ``lora.target_modules`` over the model's own linear layers and fused MoE expert tensors
+    (``anyfit.model.shape``'s rule)."""
+    return resolve_lora_targets(list(dict.fromkeys(linear_leaf_names(model) + expert_leaf_names(moe_blocks(model)))),
+                                spec)
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model, prepare_model_for_kbit_training
 
-    targets = find_lora_targets(model, cfg.target_modules)
+    linear = linear_leaf_names(model)
+    targets = lora_targets(model, find_lora_targets(model, cfg.target_modules), linear, cfg)  # + the MoE experts
     if cfg.qlora and cfg.qlora_upcast:  # its fp32 cast of the unquantized weights (get_peft_model freezes the base)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout, target_modules=targets,
-                              bias="none", task_type="CAUSAL_LM")
-    return get_peft_model(model, peft_cfg)
+    dropout = 0.0 if targets.parameters else cfg.dropout  # PEFT takes no dropout with parameters: restore_dropout
+    peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=dropout,
+                              target_modules=lora_scope(model, targets.modules),
+                              target_parameters=targets.parameters or None, bias="none", task_type="CAUSAL_LM")
+    model = get_peft_model(model, peft_cfg)
+    if dropout != cfg.dropout:
+        restore_dropout(model, cfg.dropout)
+    model.anyfit_left_out = targets.left_out  # named in the MoE summary line (anyfit.model.moe.moe_summary)
+    return model
 
 
 def count_parameters(model: nn.Module) -> tuple[int, int]:
@@ -184,7 +205,7 @@ def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str
     A LoRA output folder loads its base model and applies the adapter with PEFT; ``merge_lora`` folds the
     adapter into the weights (faster generation, no PEFT wrapper left).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     loc = locate_model(name_or_path, tokenizer, revision)
     common = dict(trust_remote_code=trust_remote_code, revision=revision)
@@ -197,7 +218,9 @@ def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str
     kwargs = dict(dtype=dtype, **common)
     if loc.gguf_file:
         kwargs["gguf_file"] = loc.gguf_file
-    model = AutoModelForCausalLM.from_pretrained(loc.base, **kwargs)
+    auto = AutoModelForCausalLM if loc.gguf_file else model_class(AutoConfig.from_pretrained(loc.base, **common),
+                                                                    loc.base, trust_remote_code)
+    model = auto.from_pretrained(loc.base, **kwargs)
     if loc.gguf_file:
         drop_gguf_quantizer(model)
     if loc.adapter:

@@ -42,5 +42,5 @@ def stateful_layers(model: nn.Module) -> str:
 def smallest_window(config) -> int | None:
     """The smallest sliding window or attention chunk the config names (None: none)."""
     sizes = [v for k, v in _text(config).to_dict().items()
-             if ("window" in k or k.endswith("chunk_size")) and isinstance(v, int) and not isinstance(v, bool) and v > 0]
+             if ("window" in k or k.endswith("chunk_size")) and type(v) is int and v > 0]
     return min(sizes) if sizes else None

@@ -6,16 +6,21 @@ from ``kv_cache_bytes``, and model loading resolves ``lora.target_modules`` with
 same rule).
 
 The Llama family and GPT-2 are counted by closed formulas (read from their modeling code); other
-architectures are built on PyTorch's meta device, which allocates nothing.
+architectures are built on PyTorch's meta device, which allocates nothing. A mixture of experts carries its
+routed experts' fused tensors beside the linear layers: every parameter counts for memory (``params``), the
+token's top_k experts for compute (``active_params``, ``active_matmul_params``; ``anyfit.model.moe``).
 """
 
 from __future__ import annotations
 
 import difflib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from anyfit.config import ConfigError, ModelConfig
+from anyfit.model.composite import frozen_parameter_count, is_composite
+from anyfit.model.moe import moe_blocks
+from anyfit.model.packing import stateful_kinds
 from anyfit.model.source import ModelSource
 
 # Leaf names of the projections LoRA usually targets, by architecture family. Used to order and
@@ -80,6 +85,30 @@ class ModelShape:
     projections: tuple[Projection, ...]
     gated_mlp: bool = True
     counted_by: str = "formula"  # or "meta device"
+    # Mixtures of experts (anyfit.model.moe): the routed experts' fused weight tensors, as projections of one expert
+    # (count = layers x experts), every routed-expert parameter, and what one token uses of them (top_k of experts)
+    experts: tuple[Projection, ...] = ()
+    routed_params: int = 0
+    active_routed_params: int = 0
+    num_experts: int = 0
+    experts_per_token: int = 0
+    # A composite checkpoint's parts outside the language model (vision tower, projector): loaded, always frozen
+    frozen_params: int = 0
+    router_params: int = 0  # the routers' (and gates') matrices: every token passes through them
+    stateful: str = ""  # layers with a state along the sequence (anyfit.model.packing): never packed, never split
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the routed experts it is not sent to (= params if dense)."""
+        return self.params - self.routed_params + self.active_routed_params
+
+    @property
+    def active_body_params(self) -> int:
+        """Matmul weights of the body one token passes through: the linear layers and its top_k experts' tensors
+        (compute: FLOPs per token; memory counts every parameter, ``params``)."""
+        share = self.experts_per_token / self.num_experts if self.num_experts else 0.0
+        return (self.body_linear_params + self.router_params
+                + round(share * sum(p.d_in * p.d_out * p.count for p in self.experts)))
 
     @property
     def q_dim(self) -> int:
@@ -96,29 +125,57 @@ class ModelShape:
 
     @property
     def matmul_params(self) -> int:
-        """Weights used in a matmul per token: the body's projections plus the output head (tied or not)."""
+        """Linear-layer weights in a matmul: the body's projections plus the output head (tied or not); the routed
+        experts' fused tensors are not among them (``active_matmul_params``)."""
         return self.body_linear_params + self.vocab_size * self.hidden_size
+
+    @property
+    def active_matmul_params(self) -> int:
+        """Weights used in a matmul per token: ``matmul_params`` and the token's top_k experts."""
+        return self.active_body_params + self.vocab_size * self.hidden_size
 
     @property
     def layer_params(self) -> int:
         """Parameters of one decoder layer (everything but embeddings, head and final norm, over the layers)."""
         return (self.params - self.embedding_params - self.head_params) // max(1, self.num_layers)
 
-    def lora_targets(self, spec: list[str] | str) -> list[str]:
-        """Resolve lora.target_modules exactly as model loading does, over this shape's projections."""
-        return resolve_lora_targets(list(dict.fromkeys(p.name for p in self.projections)), spec)
+    def lora_targets(self, spec: list[str] | str, experts: bool = True) -> list[str]:
+        """Resolve lora.target_modules exactly as model loading does, over this shape's projections and fused
+        expert tensors (the latter kept with ``lora.experts``)."""
+        linear = list(dict.fromkeys(p.name for p in self.projections))
+        resolved = resolve_lora_targets(list(dict.fromkeys(linear + [p.name for p in self.experts])), spec)
+        return resolved if experts else [n for n in resolved if n in linear]
 
-    def lora_params(self, r: int, spec: list[str] | str = "auto") -> int:
-        """Adapter parameters: r x (d_in + d_out) for every targeted linear layer."""
-        targets = set(self.lora_targets(spec))
-        return sum(r * (p.d_in + p.d_out) * p.count for p in self.projections if p.name in targets)
+    def lora_params(self, r: int, spec: list[str] | str = "auto", experts: bool = True) -> int:
+        """Adapter parameters: r x (d_in + d_out) for every targeted linear layer and targeted expert (PEFT's
+        adapter of a fused expert tensor holds one r-rank pair per expert)."""
+        targets = set(self.lora_targets(spec, experts))
+        fused = self.experts if experts else ()
+        return sum(r * (p.d_in + p.d_out) * p.count for p in (*self.projections, *fused) if p.name in targets)
+
+    def folded_expert_params(self, spec: list[str] | str = "auto", experts: bool = True) -> int:
+        """Weights of the targeted fused expert tensors one token passes through (its top_k experts)."""
+        targets = set(self.lora_targets(spec, experts)) if experts else set()
+        share = self.experts_per_token / self.num_experts if self.num_experts else 0.0
+        return round(share * sum(p.d_in * p.d_out * p.count for p in self.experts if p.name in targets))
+
+    def lora_flops(self, r: int, spec: list[str] | str = "auto", experts: bool = True) -> float:
+        """Training FLOPs per token that LoRA adds to the frozen base's 4 x ``active_matmul_params``: 6 per adapter
+        parameter of a linear layer; on a fused expert tensor PEFT folds the adapter into the weight (W + BA, once
+        per forward) and takes that folded tensor's whole gradient, so the token's experts cost their weight
+        gradient (2 per weight) as in full fine-tuning, and their adapters run per micro-batch, not per token."""
+        return 6.0 * self.lora_params(r, spec, experts=False) + 2.0 * self.folded_expert_params(spec, experts)
 
     def describe(self) -> str:
         tied = "tied" if self.tie_word_embeddings else "untied"
-        return (f"{self.model_type}: {self.params / 1e6:,.1f}M parameters ({self.counted_by}); embeddings "
+        moe = (f" ({self.active_params / 1e6:,.1f}M active per token: {self.experts_per_token} of "
+               f"{self.num_experts} routed experts)" if self.num_experts else "")
+        return (f"{self.model_type}: {self.params / 1e6:,.1f}M parameters{moe} ({self.counted_by}); embeddings "
                 f"{self.embedding_params / 1e6:,.1f}M ({tied}), {self.num_layers} layers, hidden {self.hidden_size}, "
                 f"heads {self.num_heads} (kv {self.num_kv_heads}, head_dim {self.head_dim}), intermediate "
-                f"{self.intermediate_size}, vocab {self.vocab_size:,}")
+                f"{self.intermediate_size}, vocab {self.vocab_size:,}"
+                + (f"; plus {self.frozen_params / 1e6:,.1f}M outside the language model (vision etc.), frozen"
+                   if self.frozen_params else ""))
 
 
 # Llama-family decoders: which biases and extra norms each model type has (read from their modeling code).
@@ -218,10 +275,14 @@ def shape_from_config(config) -> ModelShape:
     model_type = getattr(text, "model_type", "") or getattr(config, "model_type", "")
     tied = bool(getattr(config, "tie_word_embeddings", getattr(text, "tie_word_embeddings", True)))
     if model_type in _LLAMA_LIKE:
-        return _llama_like_shape(text, model_type, tied)
-    if model_type == "gpt2":
-        return _gpt2_shape(text)
-    return _meta_shape(config, text, model_type, tied)
+        shape = _llama_like_shape(text, model_type, tied)
+    elif model_type == "gpt2":
+        shape = _gpt2_shape(text)
+    else:
+        shape = _meta_shape(text if is_composite(config) else config, text, model_type, tied)
+    # a composite (vision-language) checkpoint: its language model is planned, the rest is loaded and frozen
+    shape = replace(shape, stateful=stateful_kinds(config))
+    return replace(shape, frozen_params=frozen_parameter_count(config)) if is_composite(config) else shape
 
 
 def _flag(config, value) -> bool:
@@ -279,9 +340,11 @@ def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
     head = model.get_output_embeddings()
     embeddings = sum(p.numel() for p in emb.parameters())
     head_params = 0 if head is None or head.weight is emb.weight else sum(p.numel() for p in head.parameters())
+    blocks = moe_blocks(model)
+    gates = {gate for block in blocks for gate in block.gates}  # routers: never LoRA targets (anyfit.model.moe)
     shapes: dict[tuple[str, int, int], int] = {}
     for name, module in model.named_modules():
-        if module is head:
+        if module is head or name in gates:
             continue
         if isinstance(module, nn.Linear):
             key = (name.rsplit(".", 1)[-1], module.in_features, module.out_features)
@@ -291,12 +354,32 @@ def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
             continue
         shapes[key] = shapes.get(key, 0) + 1
     h = text.hidden_size
-    heads = text.num_attention_heads
+    heads = _largest(text, "num_attention_heads")
+    experts: dict[tuple[str, int, int], int] = {}  # one expert's slice of each fused tensor, x experts x layers
+    for block in blocks:
+        for name, (n, d1, d2) in block.tensors:
+            experts[(name, d1, d2)] = experts.get((name, d1, d2), 0) + n
     return ModelShape(model_type, text.vocab_size, h, getattr(text, "intermediate_size", None) or 4 * h,
-                      text.num_hidden_layers, heads, getattr(text, "num_key_value_heads", None) or heads,
-                      getattr(text, "head_dim", None) or h // heads, tied, params, embeddings, head_params,
+                      text.num_hidden_layers, heads, _largest(text, "num_key_value_heads") or heads,
+                      _largest(text, "head_dim") or h // heads, tied, params, embeddings, head_params,
                       tuple(Projection(n, i, o, k, "other") for (n, i, o), k in shapes.items()),
-                      counted_by="meta device")
+                      counted_by="meta device",
+                      experts=tuple(Projection(n, i, o, k, "experts") for (n, i, o), k in experts.items()),
+                      routed_params=sum(b.params for b in blocks),
+                      active_routed_params=sum(b.active_params for b in blocks),
+                      num_experts=blocks[0].num_experts if blocks else 0,
+                      experts_per_token=blocks[0].top_k if blocks else 0,
+                      router_params=sum(module.weight.numel() for name, module in model.named_modules()
+                                        if name in gates and getattr(module, "weight", None) is not None))
+
+
+def _largest(text, name: str):
+    """``text.<name>``, or where it varies across layers (Gemma-4's global layers have wider heads: transformers
+    refuses to read one value for all) its largest, the conservative size for memory."""
+    try:
+        return getattr(text, name, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError: read it per layer
+        return max(getattr(text.per_layer_config[i], name, None) or 0 for i in range(text.num_hidden_layers))
 
 
 def kv_cache_bytes(shape: ModelShape, tokens: int, batch: int, dtype_bytes: int) -> int:

@@ -269,7 +269,7 @@ class _Planner:
         """Why ``processes`` cannot split each sequence ``degree`` ways ('' when they can): the loop's rule, and
         the batch: the effective batch must split over the data-parallel groups."""
         problem = sequence_parallel_problem(self.cfg, processes, self.shape.num_heads, self.shape.num_kv_heads,
-                                            degree)
+                                            degree, state=self.shape.stateful)
         if not problem and self.effective % (processes // degree):
             problem = f"train.effective_batch={self.effective} does not split over {processes // degree} groups"
         return problem

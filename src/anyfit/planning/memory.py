@@ -96,7 +96,8 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     rs = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.compute_weight_bytes
     casts = a < rs  # autocast casts each linear's input
     h, inter, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    masked = setup.padding and setup.sequence_parallel == 1
+    # padded batches carry a mask; so does every batch of a model with stateful layers (never packed)
+    masked = (setup.padding or bool(shape.stateful)) and setup.sequence_parallel == 1
     repeat_kv = masked and setup.device != "mps"  # torch >= 2.13 MPS takes GQA with a mask
     kv = q if repeat_kv else shape.kv_dim
     full = setup.method == "full"
@@ -224,7 +225,7 @@ def optimizer_state_bytes(shape: ModelShape, setup: Setup) -> int:
       rows and the column factor spans all columns.
     """
     shard = setup.shards
-    trainable = shape.lora_params(setup.lora_r, setup.lora_targets) if setup.lora else shape.params
+    trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) if setup.lora else shape.params
     grad_bytes = 4 if setup.lora else setup.weight_bytes
     if setup.optimizer == "adamw":
         return int(2 * trainable * grad_bytes / shard)
@@ -248,8 +249,9 @@ def _weights(shape: ModelShape, setup: Setup, notes: list[str]) -> tuple[float, 
                         f"kept in {rest} bytes (lora.qlora_upcast=false)"))
     else:
         loaded = shape.params * setup.weight_bytes
+    loaded += shape.frozen_params * setup.weight_bytes  # a composite's vision tower etc.: loaded, never trained
     if setup.lora:
-        trainable = shape.lora_params(setup.lora_r, setup.lora_targets)
+        trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts)
         loaded += trainable * 4  # PEFT keeps adapters in fp32
         grad_bytes = 4
         head_trains = False  # the head is frozen: no weight gradient
@@ -313,6 +315,24 @@ def _activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_b
     return activations, logits
 
 
+def folded_expert_bytes(shape: ModelShape, setup: Setup) -> tuple[int, int]:
+    """LoRA on a mixture of experts' fused expert tensors: (bytes kept from the forward to the backward, bytes more
+    around the backward). PEFT folds each adapter into its tensor in every forward (``W + BA``, one ``baddbmm`` in
+    the weight's dtype) and the experts' matmuls keep that folded copy for their backward: a second copy of the
+    experts of every MoE layer that is not checkpointed; in the backward one layer's folded copy (recomputed or
+    kept) and its gradient, both of the tensor's size, exist at once. Measured on a tiny model:
+    tests/unit/planning/test_moe_plan.py."""
+    targets = set(shape.lora_targets(setup.lora_targets, setup.lora_experts)) if setup.lora else set()
+    fused = [p for p in shape.experts if p.name in targets and setup.lora_experts]
+    if not fused:
+        return 0, 0
+    moe_layers = max(1, fused[0].count // max(1, shape.num_experts))
+    dtype = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.weight_bytes  # experts are never 4-bit
+    per_layer = sum(p.d_in * p.d_out * p.count for p in fused) // moe_layers * dtype
+    recomputed = round(moe_layers * setup.checkpointed_layers(shape.num_layers) / max(1, shape.num_layers))
+    return (moe_layers - recomputed) * per_layer, 2 * per_layer
+
+
 def _forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_bytes: int, head_trains: bool,
                         notes: list[str]) -> int:
     """Bytes alive only around the forward/backward: autocast's weight copies, DDP buckets, FSDP's gathered
@@ -351,6 +371,12 @@ def _forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_by
     if setup.method == "qlora":
         largest = max(p.d_in * p.d_out for p in shape.projections)
         transient += 2 * largest * a  # a dequantized weight (and its transposed use in backward)
+    kept, around = folded_expert_bytes(shape, setup)
+    if kept or around:
+        transient += kept + around
+        notes.append(f"LoRA on the routed experts: PEFT folds each adapter into its expert tensor per forward and the "
+                     f"folded copy stays until the backward ({(kept + around) / GIB:.1f} GiB; gradient checkpointing "
+                     "keeps one layer's, lora.experts=false none)")
     return transient
 
 

@@ -45,8 +45,11 @@ def plan_dict(cfg: Config, targets=None, mean_tokens: float | None = None, shape
     examples = examples if examples is not None else cfg.data.num_samples
     return {
         "model": {**{k: v for k, v in dataclasses.asdict(shape).items() if k != "projections"},
-                  "lora_params": shape.lora_params(cfg.lora.r, cfg.lora.target_modules),
-                  "lora_targets": shape.lora_targets(cfg.lora.target_modules)},
+                  "active_params": shape.active_params,
+                  "lora_params": shape.lora_params(cfg.lora.r, cfg.lora.target_modules, cfg.lora.experts),
+                  "lora_params_in_experts": (shape.lora_params(cfg.lora.r, cfg.lora.target_modules, cfg.lora.experts)
+                                             - shape.lora_params(cfg.lora.r, cfg.lora.target_modules, False)),
+                  "lora_targets": shape.lora_targets(cfg.lora.target_modules, cfg.lora.experts)},
         "effective_batch": cfg.train.effective_batch, "seq_len": cfg.data.max_length,
         "tokens_per_sequence_for_time": mean_tokens or cfg.data.max_length, "safety": safety,
         "examples": examples, "price_note": PRICE_NOTE,
@@ -90,11 +93,13 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
     """
     shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch)
     examples = examples if examples is not None else cfg.data.num_samples
-    lora_n = shape.lora_params(cfg.lora.r, cfg.lora.target_modules)
+    lora_n = shape.lora_params(cfg.lora.r, cfg.lora.target_modules, cfg.lora.experts)
+    in_experts = lora_n - shape.lora_params(cfg.lora.r, cfg.lora.target_modules, False)
     lines = [f"model {cfg.model.name_or_path or '(given shape)'}",
              f"  {shape.describe()}",
-             f"  LoRA r={cfg.lora.r} on {', '.join(shape.lora_targets(cfg.lora.target_modules))}: "
-             f"{lora_n / 1e6:,.2f}M adapter parameters",
+             f"  LoRA r={cfg.lora.r} on {', '.join(shape.lora_targets(cfg.lora.target_modules, cfg.lora.experts))}: "
+             f"{lora_n / 1e6:,.2f}M adapter parameters"
+             + (f" ({in_experts / 1e6:,.2f}M in the routed experts)" if shape.num_experts else ""),
              f"run: effective batch {cfg.train.effective_batch}, sequences up to {cfg.data.max_length} tokens "
              f"(memory uses the longest; time uses {mean_tokens or cfg.data.max_length:g} tokens per sequence), "
              f"budget {safety:.0%} of each device's memory"

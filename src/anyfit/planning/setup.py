@@ -73,6 +73,7 @@ class Setup:
     fsdp: bool = False  # FSDP2 full shard of weights, gradients and optimizer states over the processes
     lora_r: int = 16
     lora_targets: list[str] | str = "auto"
+    lora_experts: bool = True  # lora.experts: a mixture of experts' routed experts carry adapters too
     lora_dropout: float = 0.05
     padding: bool = True  # micro-batches padded to their longest (the attention then takes a mask)
     fused_optimizer: bool = True
@@ -211,6 +212,7 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  checkpoint_every=checkpoint_every or 1, accumulation=max(1, per_process // micro_batch),
                  processes=processes, fsdp=sharding != "none", offload=sharding == "offload",
                  optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
+                 lora_experts=cfg.lora.experts,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
                  fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload,

@@ -18,23 +18,27 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     """Training FLOPs per token.
 
     Matmuls: 2N forward, 2N for the input gradients, 2N for the weight gradients (6N for full fine-tuning,
-    N = body projection weights + the output head). A frozen base skips the weight gradients: 4N plus 6x the
-    adapter parameters. Gradient checkpointing repeats the forward of the checkpointed layers (+2 N_body on
-    every layer, +2 N_body / k with ``checkpoint_every`` = k).
+    N = body projection weights + the output head; in a mixture of experts the token's top_k routed experts, not
+    all: ``ModelShape.active_matmul_params``). A frozen base skips the weight gradients: 4N plus 6x the adapter
+    parameters (``ModelShape.lora_flops``: LoRA on fused experts costs their weight gradient instead). Gradient
+    checkpointing repeats the forward of the checkpointed layers (+2 N_body on every layer, +2 N_body / k with
+    ``checkpoint_every`` = k).
     Attention (PaLM's count, no causal discount): 4 x layers x q_dim x seq forward, twice that backward,
     + the forward again on the checkpointed layers. A tiled MLP runs the MLP's forward once more (+2 N_mlp).
     Under sequence parallelism these are per token of a process's part (attention over the whole sequence for
     1/N of the heads is 1/N of the whole attention). The fused loss computes the head's logits again in the
     backward (+2 x vocab x hidden).
     """
-    n_mm = shape.matmul_params
-    mm = (4 * n_mm + 6 * shape.lora_params(setup.lora_r, setup.lora_targets)) if setup.lora else 6 * n_mm
+    n_mm = shape.active_matmul_params  # a mixture of experts: the token's top_k experts only
+    mm = 6 * n_mm
+    if setup.lora:
+        mm = 4 * n_mm + shape.lora_flops(setup.lora_r, setup.lora_targets, setup.lora_experts)
     attn_fwd = 4 * shape.num_layers * shape.q_dim * setup.seq_len
     attention = 3 * attn_fwd
     recomputed = setup.checkpointed_layers(shape.num_layers)
     if recomputed:
         share = recomputed / max(1, shape.num_layers)
-        mm += 2 * shape.body_linear_params * share
+        mm += 2 * shape.active_body_params * share
         attention += attn_fwd * share
     if setup.tiled_mlp:
         mm += 2 * sum(p.d_in * p.d_out * p.count for p in shape.projections if p.group in ("mlp_in", "mlp_mid"))
@@ -125,7 +129,7 @@ def communication_seconds(shape: ModelShape, setup: Setup, target: Target, micro
     host_bw = target.host_link_gbs * 1e9
     fwd = micro_compute * forward_share
     bwd = micro_compute - fwd
-    trainable = shape.lora_params(setup.lora_r, setup.lora_targets) if setup.lora else shape.params
+    trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) if setup.lora else shape.params
     grad_bytes = 4 if setup.lora else setup.weight_bytes
     if not setup.fsdp:
         ring = 2 * (n - 1) / n
@@ -188,13 +192,13 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
                    + streamed_bytes_per_token(shape, seq_setup) * tokens / (target.bandwidth_gbs * 1e9))
     else:
         compute = flops / (peak * target.efficiency)
-    trainable = shape.lora_params(setup.lora_r, setup.lora_targets) if setup.lora else shape.params
+    trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) if setup.lora else shape.params
     streamed = trainable * OPTIMIZER_STREAM_BYTES[setup.optimizer]
     if setup.offload:  # every rank's shard is updated by the same host's memory system
         optimizer = streamed / (CPU_OPTIMIZER_GBS * 1e9)
     else:
         optimizer = streamed / setup.shards / (target.bandwidth_gbs * 1e9)
-    forward = 2 * shape.matmul_params + 4 * shape.num_layers * shape.q_dim * seq_setup.seq_len
+    forward = 2 * shape.active_matmul_params + 4 * shape.num_layers * shape.q_dim * seq_setup.seq_len
     communication = communication_seconds(shape, setup, target, compute / max(1, setup.accumulation),
                                           forward / flops_per_token(shape, seq_setup))
     communication += setup.accumulation * sequence_exchange_seconds(shape, seq_setup, target)

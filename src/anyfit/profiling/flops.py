@@ -7,7 +7,8 @@ The FLOPs of one step, counted per example of the window (so padding, which is n
   frozen base still runs forward and still passes the gradient to the layers below it (the adapters there
   need it), but computes no weight gradient: ``4 N_body``; each adapter parameter trains: ``+ 6 N_lora``.
   So ``N`` in "6N" is every matmul weight the token passes through, trainable or frozen, and only the
-  weight-gradient third depends on what trains.
+  weight-gradient third depends on what trains. In a mixture of experts that is the active weights: the linear
+  layers (shared experts, dense layers) and the top_k routed experts the router sends the token to, not all.
 - **Output head** (``vocab x hidden``), per *trained* token only: anyfit computes logits only where a loss is
   taken (transformers' ``logits_to_keep``), so prompt tokens never reach the head. ``6 V h`` when the head
   (or the tied embedding) trains, ``4 V h`` under LoRA.
@@ -43,13 +44,18 @@ class ModelFlops:
     attention_per_square: float  # x len^2 of each example
 
     @classmethod
-    def of(cls, shape: ModelShape, lora_params: int = 0) -> "ModelFlops":
-        """``lora_params``: trainable adapter parameters (0: full fine-tuning, every weight trains)."""
+    def of(cls, shape: ModelShape, lora_params: int = 0, in_experts: int = 0) -> "ModelFlops":
+        """``lora_params``: trainable adapter parameters (0: full fine-tuning, every weight trains); ``in_experts``:
+        those on fused MoE expert tensors (``anyfit.model.moe.adapter_in_experts``), which PEFT folds into the weight:
+        the token's experts then cost their weight gradient, and those adapters nothing per token
+        (``ModelShape.lora_flops``)."""
         head = shape.vocab_size * shape.hidden_size
+        body_weights = shape.active_body_params  # a mixture of experts: the token's top_k experts
         if lora_params:
-            body, head_flops = 4 * shape.body_linear_params + 6 * lora_params, 4 * head
+            folded = shape.folded_expert_params() if in_experts else 0
+            body, head_flops = 4 * body_weights + 6 * (lora_params - in_experts) + 2 * folded, 4 * head
         else:
-            body, head_flops = 6 * shape.body_linear_params, 6 * head
+            body, head_flops = 6 * body_weights, 6 * head
         return cls(float(body), float(head_flops), 12.0 * shape.num_layers * shape.q_dim)
 
     def of_examples(self, lengths, trained) -> float:

@@ -35,6 +35,7 @@ from anyfit.data.batching import (
 from anyfit.data.prepare import TrainingData, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import load_tokenizer
+from anyfit.model.moe import adapter_in_experts, router_balance_of
 from anyfit.model.shape import shape_from_config
 from anyfit.model.source import ModelSource
 from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
@@ -179,7 +180,8 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
             f"{split.data_size} data-parallel group(s)")
     model.train()
     flops = ModelFlops.of(shape_from_config(accelerator.unwrap_model(model).config.get_text_config()),
-                          loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0)
+                          loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0,
+                          adapter_in_experts(loaded.model))  # LoRA on fused MoE experts (ModelShape.lora_flops)
     peak = device_peak(policy.device, policy.precision)
     if cfg.train.micro_batch == "auto":
         plan = sampler.plan = auto_micro_batch(backend, accelerator, model, data.examples, plan, collate_fn, loss_fn,
@@ -219,7 +221,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
     result = TrainResult(run.out, run.steps)
     log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
-    meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0)
+    meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0, router=router_balance_of(model))
     sampler = run.stream.batches.sampler
     steps_per_epoch = sampler.steps_per_epoch
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")

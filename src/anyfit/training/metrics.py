@@ -109,15 +109,18 @@ class StepMeter:
     Sums stay on the device, so a step adds to them without a host sync; ``line`` reads them with one
     collective over the processes (only on logged steps) and starts the next interval. ``peak_flops``: one
     device's dense FLOP/s (``anyfit.profiling.flops.device_peak``); with it every line carries ``mfu``, the model
-    FLOPs of all processes over the interval's time and their summed peak.
+    FLOPs of all processes over the interval's time and their summed peak. ``router``: a mixture of experts' load
+    balancing (``anyfit.model.moe.RouterBalance``); every line then carries ``aux_loss``, the mean of the
+    micro-batches' aux losses over the interval (before the coefficient), apart from ``loss``.
     """
 
-    def __init__(self, device: torch.device, peak_flops: float = 0.0):
+    def __init__(self, device: torch.device, peak_flops: float = 0.0, router=None):
         self.loss = torch.zeros((), device=device)  # summed token loss of the finite steps
         self.trained = torch.zeros((), device=device, dtype=torch.long)  # their trainable tokens (global window)
         self.real_tokens = 0  # tokens this process fed to the model (host ints: no sync)
         self.flops = 0.0  # model FLOPs of this process's windows (host float)
         self.peak_flops = peak_flops
+        self.router = router
         self.t0 = time.perf_counter()
 
     def add(self, loss_sum: torch.Tensor, finite: torch.Tensor | bool, window_tokens: int, real_tokens: int,
@@ -131,13 +134,16 @@ class StepMeter:
     def line(self, accelerator, device: str, **fields: Any) -> dict[str, Any]:
         """The metrics record of the interval (``fields`` first: step, lr, ...), then a fresh interval."""
         host = torch.tensor([float(self.real_tokens), self.flops / 1e9], device=self.loss.device)  # GFLOPs: fp32-safe
-        totals = torch.cat([self.loss.float().reshape(1), host])
-        loss_total, real_total, gflops = accelerator.reduce(totals, reduction="sum").tolist()
+        aux = self._aux()
+        totals = torch.cat([self.loss.float().reshape(1), host, aux])
+        loss_total, real_total, gflops, *aux = accelerator.reduce(totals, reduction="sum").tolist()
         elapsed = time.perf_counter() - self.t0  # after the collective above: the device work is included
         trained = int(self.trained)
         record = {**fields, "loss": round(loss_total / trained, 6) if trained else float("nan"),
                   "tokens_per_s": round(real_total / elapsed, 1), "real_tokens": int(real_total),
                   "trainable_tokens": trained, "peak_mem_gib": round(peak_bytes(device) / GIB, 3), **system_metrics(device)}
+        if aux:
+            record["aux_loss"] = round(aux[0] / aux[1], 6) if aux[1] else float("nan")
         if self.peak_flops:
             record["mfu"] = round(gflops * 1e9 / elapsed / (self.peak_flops * accelerator.num_processes), 5)
         self.loss.zero_()
@@ -146,6 +152,15 @@ class StepMeter:
         self.flops = 0.0
         self.t0 = time.perf_counter()
         return record
+
+
+    def _aux(self) -> torch.Tensor:
+        """(summed aux losses, how many) of the router's micro-batches since the last line; empty without one."""
+        if self.router is None:
+            return torch.zeros(0, device=self.loss.device)
+        total, count = self.router.drain()
+        total = torch.zeros((), device=self.loss.device) if total is None else total.to(self.loss.device)
+        return torch.stack([total.float(), torch.tensor(float(count), device=self.loss.device)])
 
 
 def system_metrics(device: str) -> dict[str, float]:

@@ -52,8 +52,8 @@ class PackingVerdict:
 def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
     """Probe examples that fit one row of ``PROBE_TOKENS`` (or just past the window), at most ``max_length`` as a
     training micro-batch does: where a window binds within ``max_length``, first one example longer than it (the
-    data's tokens, every position trained); then the longest of the data's first examples that still fit, at least
-    one (a boundary to look across)."""
+    data's tokens, every position trained); then the longest of the data's first examples that still fit; last the
+    shortest (cut to the room left where it does not fit), so there is always a boundary to look across."""
     lengths = np.asarray(examples.lengths[:1000])
     max_length = min(max_length, max(PROBE_TOKENS, (window or 0) + max(16, (window or 0) // 4) + int(lengths.min())))
     order = [int(i) for i in np.argsort(-lengths, kind="stable")]
@@ -66,14 +66,19 @@ def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
         if len(ids) > window:
             probes.append({"input_ids": ids, "labels": list(ids)})
     room = max_length - sum(len(p["input_ids"]) for p in probes)
-    for i in order:
-        if len(probes) > PROBE_EXAMPLES:
+    shortest = order[-1]  # kept for last, so a boundary always follows the others
+    room -= int(lengths[shortest])
+    for i in order[:-1]:
+        if len(probes) >= PROBE_EXAMPLES:
             break
         if lengths[i] <= room:
             probes.append(examples[i])
             room -= int(lengths[i])
-    if len(probes) < 2:  # a single example longer than the room: the two shortest, whatever they add up to
-        probes = [examples[i] for i in order[-2:]]
+    last = examples[shortest]
+    if room < 0:  # even the shortest example would not fit: its first tokens still make a boundary to look across
+        keep = max(8, int(lengths[shortest]) + room)
+        last = {"input_ids": list(last["input_ids"])[:keep], "labels": list(last["labels"])[:keep]}
+    probes.append(last)
     return probes
 
 
@@ -151,7 +156,8 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
         return PackingVerdict(False, attention, f"packing: off for this model ({state} carry a state along the row, "
                                                 "and transformers passes them no example boundaries): padded batches")
     if not check:
-        return PackingVerdict(True, attention, f"packing: on ({attention}), not self-tested (train.packing_check=false)")
+        return PackingVerdict(True, attention,
+                              f"packing: on ({attention}), not self-tested (train.packing_check=false)")
     tolerance = TOLERANCE.get(compute_dtype, 6e-2)
     probes = probe_examples(examples, smallest_window(inner.config), max_length)
     tokens = sum(len(p["input_ids"]) for p in probes)

@@ -8,6 +8,7 @@ import torch
 from torch.profiler import record_function
 
 from anyfit.backends import Backend
+from anyfit.model.moe import router_balance_of
 from anyfit.training.loss import token_loss_sum
 
 
@@ -21,14 +22,25 @@ def backward_window(backend: Backend, accelerator, model, micro_batches: list[di
     reduce-scatter and ZeRO-3's average over processes as DDP's all-reduce does). Gradients are reduced on the
     window's last micro-batch, or after every one where the backend does (``Backend.sync``): the sum is the same
     up to fp32 round-off (the mean over processes is linear).
+
+    A mixture of experts with a load-balancing loss (``anyfit.model.moe.RouterBalance``) adds transformers' own
+    ``aux_loss`` of each micro-batch times ``coef / micro-batches``: the update then follows the mean token loss
+    plus ``coef`` x the mean of the micro-batches' aux losses over the window (processes averaged as above). That
+    term is per micro-batch by nature (the balance of the tokens routed together, as in HF Trainer), so unlike
+    the token loss it changes with the split into micro-batches; with one micro-batch the objective is exactly
+    transformers' ``loss + router_aux_loss_coef x aux_loss``.
     """
     scale = accelerator.num_processes / max(1, window_tokens)
     total = torch.zeros((), device=accelerator.device)
+    router = router_balance_of(model)
     for i, batch in enumerate(micro_batches):
         with backend.sync(accelerator, model, last=i == len(micro_batches) - 1):
             with record_function("anyfit.forward"):  # the phases anyfit.profiling reads from a trace
                 loss_sum = loss_fn(model, batch)
+                objective = loss_sum * scale
+                if router is not None:
+                    objective = objective + router.weighted(len(micro_batches))
             with record_function("anyfit.backward"):
-                backend.backward(accelerator, model, loss_sum * scale)
+                backend.backward(accelerator, model, objective)
         total += loss_sum.detach()
     return total

@@ -49,7 +49,7 @@ def test_model_flops_match_torch_flop_counter(tiny_llama_dir, lora):
 
 
 def test_padding_and_prompt_tokens_do_not_count():
-    shape = dataclasses.make_dataclass("S", ["body_linear_params", "vocab_size", "hidden_size", "num_layers",
+    shape = dataclasses.make_dataclass("S", ["active_body_params", "vocab_size", "hidden_size", "num_layers",
                                              "q_dim"])(1000, 50, 8, 2, 16)
     f = ModelFlops.of(shape)
     assert f.of_examples([10], [10]) - f.of_examples([10], [4]) == pytest.approx(6 * 50 * 8 * 6)
@@ -59,3 +59,33 @@ def test_padding_and_prompt_tokens_do_not_count():
 def test_cpu_peak_is_measured():
     peak = device_peak("cpu", "fp32")
     assert peak.tflops > 0 and "measured" in peak.source
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe"])
+def test_moe_flops_count_the_active_experts(family):
+    """A mixture of experts: 6 FLOPs per token per active weight (top_k of the routed experts, the shared experts, the
+    routers), exactly what torch's counter counts over transformers' eager experts, one example per micro-batch so
+    that attention is per example as in ModelFlops. LoRA on the experts: PEFT folds the adapter into the fused tensor,
+    so the token's experts cost their weight gradient (the fold itself is per micro-batch: it cancels between two
+    lengths)."""
+    from moe_families import moe_config, moe_model
+
+    from anyfit.config import LoraConfig
+    from anyfit.model.loading import apply_lora, count_parameters
+    from anyfit.model.moe import adapter_in_experts
+
+    shape = shape_from_config(moe_config(family))
+    model = moe_model(family, attn_implementation="eager", experts_implementation="eager")
+    lengths = [40, 25, 12]
+    counted = sum(_counted(model, _examples([n])) for n in lengths)
+    assert ModelFlops.of(shape).of_examples(lengths, [n - 3 for n in lengths]) == counted
+
+    per_length = {}
+    for experts in (True, False):
+        model = apply_lora(moe_model(family, attn_implementation="eager", experts_implementation="eager"),
+                           LoraConfig(enabled=True, r=4, dropout=0.0, experts=experts))
+        flops = ModelFlops.of(shape, count_parameters(model)[0], adapter_in_experts(model))
+        modelled = flops.of_examples([40], [37]) - flops.of_examples([12], [9])
+        per_length[experts] = (_counted(model, _examples([40])) - _counted(model, _examples([12])), modelled)
+    (counted_exp, modelled_exp), (counted_no, modelled_no) = per_length[True], per_length[False]
+    assert modelled_exp - modelled_no == counted_exp - counted_no > 0
