@@ -181,7 +181,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     dropout = 0.0 if targets.parameters else cfg.dropout  # PEFT takes no dropout with parameters: restore_dropout
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=dropout,
                               target_modules=lora_scope(model, targets.modules),
-                              target_parameters=targets.parameters or None, bias="none", task_type="CAUSAL_LM")
+                              bias="none", task_type="CAUSAL_LM",
+                              **({"target_parameters": targets.parameters} if targets.parameters else {}))
     model = get_peft_model(model, peft_cfg)
     if dropout != cfg.dropout:
         restore_dropout(model, cfg.dropout)

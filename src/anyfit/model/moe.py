@@ -10,6 +10,7 @@ Granite-MoE, ERNIE-4.5-MoE, Llama-4, Qwen3.5-MoE and Qwen3-Next are covered with
 
 from __future__ import annotations
 
+import functools
 import inspect
 import sys
 from dataclasses import dataclass
@@ -112,10 +113,24 @@ def lora_targets(model: nn.Module, resolved: list[str], linear: list[str], cfg: 
     if not cfg.qlora:
         parameters += [f"{name}.weight" for name in modules if name in rewritten]
     kept = [n for n in modules if n not in rewritten]
+    if parameters and not peft_takes_parameters():
+        import peft
+
+        raise ConfigError(f"LoRA on the routed experts' fused tensors needs PEFT's target_parameters (PEFT 0.17+; "
+                          f"{peft.__version__} is installed): upgrade peft, or set lora.experts=false to adapt "
+                          "attention and dense layers only.")
     if not kept and not parameters:
         raise ConfigError("lora.target_modules leaves nothing to adapt in this model; name its attention "
                           "projections (or set lora.target_modules=auto).")
     return LoraTargets(kept, parameters, sorted(rewritten) if cfg.qlora else [])
+
+
+@functools.cache
+def peft_takes_parameters() -> bool:
+    """Whether the installed PEFT adapts parameters (``LoraConfig.target_parameters``, PEFT 0.17 and later)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    return "target_parameters" in inspect.signature(PeftLoraConfig).parameters
 
 
 def _rewritten_by_peft(model: nn.Module, linear: list[str]) -> set[str]:
@@ -145,8 +160,10 @@ def restore_dropout(model: nn.Module, dropout: float) -> None:
 
 def adapter_in_experts(model: nn.Module) -> int:
     """Adapter parameters on the routed experts' fused tensors (PEFT's ``ParamWrapper`` over a 3-D tensor)."""
-    from peft.tuners.lora import ParamWrapper
-
+    try:
+        from peft.tuners.lora import ParamWrapper
+    except ImportError:  # a PEFT before target_parameters adapts no fused tensor
+        return 0
     return sum(p.numel() for m in model.modules() if isinstance(m, ParamWrapper) and m.num_experts > 1
                for part in (m.lora_A, m.lora_B) for p in part.parameters())
 

@@ -178,11 +178,14 @@ def test_trained_ids_are_the_whole_conversation_tokenized_as_at_inference(tok, n
         runs = trained_runs(row)
         assert runs and all(run[-1] in stops for run in runs), [tokenizer.decode(run) for run in runs]
         trained = " ".join(tokenizer.decode(run) for run in runs)
-        assert any(answer in trained for answer in ANSWERS), trained
+        # spaces compared out: older tokenizers decode some vocabularies' word boundaries without them (the ids
+        # themselves are checked above)
+        assert any(answer.replace(" ", "") in trained.replace(" ", "") for answer in ANSWERS), trained
         assert not any(marker in trained for marker in NOT_TRAINED), trained
         for run in runs:  # each span is one assistant turn: its words (and reasoning), then the stop
             decoded = tokenizer.decode(run[:-1]).replace("<unk>", "\n").strip()
-            assert decoded.endswith(ANSWERS) or "get_weather" in decoded, decoded
+            assert decoded.replace(" ", "").endswith(tuple(a.replace(" ", "") for a in ANSWERS)) \
+                or "get_weather" in decoded, decoded
     if shape in ("reasoning", "inline_think"):
         assert "Thinkmark" in " ".join(tokenizer.decode(run) for row in rows for run in trained_runs(row))
     assert not report.audit.get("trained_prompt")
@@ -270,10 +273,17 @@ def test_inline_reasoning_is_given_as_reasoning_or_refused(tok):
     with pytest.raises(DataError, match="cuts the reasoning written inline .* data.chat_template_kwargs"):
         tokenize_dataset([inline], v31, DataConfig())
     (row,), _ = tokenize_dataset([inline], v31, DataConfig(ignore_fields=["reasoning_content"]))
-    assert [s.strip() for s in spans(v31, row)] == ["Result alpha.<｜end▁of▁sentence｜>"]  # as the template cuts it
+    # DeepSeek's vocabulary decodes its spaces differently across transformers releases: compared without them
+    cut = "Result alpha.<｜end▁of▁sentence｜>"  # as the template cuts it
+    assert [_bare(s) for s in spans(v31, row)] == [_bare(cut)]
     # Its thinking mode on: the generation prompt opens '<think>', and the trace is trained after it.
     (row,), _ = tokenize_dataset([inline], v31, DataConfig(chat_template_kwargs={"thinking": True}))
-    assert spans(v31, row) == ["Thinkmark first.\n</think>\n\nResult alpha.<｜end▁of▁sentence｜>"]
+    thought = "Thinkmark first.\n</think>\n\nResult alpha.<｜end▁of▁sentence｜>"
+    assert [_bare(s) for s in spans(v31, row)] == [_bare(thought)]
+
+
+def _bare(text: str) -> str:
+    return text.replace(" ", "").replace("\u2581", "").strip()
 
 
 @pytest.mark.parametrize("value, expected", [(42, "42"), (["Step one.", "Step two."], "Step one.\nStep two.")])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from accelerate import Accelerator
-from moe_families import MOE, NUM_EXPERTS, WITH_AUX_LOSS, moe_config, moe_model
+from moe_families import CURRENT_MOE, MOE, NUM_EXPERTS, WITH_AUX_LOSS, moe_config, moe_model
 from peft import PeftModel
 
 from anyfit.backends.replicated import Replicated
@@ -24,6 +24,7 @@ def _adapter_names(model) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
 
 
+@CURRENT_MOE
 @pytest.mark.parametrize("family", list(MOE))
 def test_auto_lora_adapts_the_experts_never_the_router(family):
     """Default settings (target_modules auto, dropout 0.05) on every family: no error, adapters on the fused expert
@@ -50,6 +51,7 @@ def test_auto_lora_adapts_the_experts_never_the_router(family):
     assert f"of {NUM_EXPERTS} experts per token" in line and "in the routed experts" in line
 
 
+@CURRENT_MOE
 @pytest.mark.parametrize("family", ["deepseek_v3", "qwen3_moe"])
 def test_the_adapter_loads_back_with_peft(family, tmp_path):
     """DeepSeek-V3's dense and shared-expert gate/up/down projections keep their adapter (PEFT's v5 conversion
@@ -71,6 +73,7 @@ def test_the_adapter_loads_back_with_peft(family, tmp_path):
     assert torch.equal(loaded(input_ids=ids).logits, want)
 
 
+@CURRENT_MOE
 def test_explicit_targets_name_experts_and_routers_are_refused():
     model = apply_lora(moe_model("qwen3_moe"), LoraConfig(enabled=True, r=4, target_modules=["q_proj", "down_proj"]))
     names = _adapter_names(model)

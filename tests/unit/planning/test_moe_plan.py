@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from moe_families import MOE, NUM_EXPERTS, moe_config, moe_model
+from moe_families import CURRENT_MOE, MOE, NUM_EXPERTS, moe_config, moe_model
 from transformers import AutoConfig
 
 from anyfit.config import Config
@@ -85,6 +85,7 @@ def _saved_bytes(model, ids) -> int:
     return sum(kept.values())
 
 
+@CURRENT_MOE
 def test_lora_on_experts_keeps_a_folded_copy_until_the_backward():
     """PEFT folds the adapter into the fused expert tensor each forward; the planner counts that copy."""
     from anyfit.config import LoraConfig

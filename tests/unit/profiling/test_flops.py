@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from moe_families import CURRENT_MOE
 from torch.utils.flop_counter import FlopCounterMode
 
 from anyfit.data.batching import collate
@@ -61,6 +62,7 @@ def test_cpu_peak_is_measured():
     assert peak.tflops > 0 and "measured" in peak.source
 
 
+@CURRENT_MOE
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "gpt_oss", "glm4_moe", "ernie4_5_moe"])
 def test_moe_flops_count_the_active_experts(family):
     """A mixture of experts: 6 FLOPs per token per active weight (top_k of the routed experts, the shared experts, the
