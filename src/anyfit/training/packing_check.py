@@ -84,10 +84,22 @@ def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
 
 def _transformers_model(model: nn.Module) -> nn.Module:
     """The transformers model inside DDP's or DeepSpeed's ``.module`` and PEFT's wrapper (where
-    ``set_attn_implementation`` lives)."""
-    while not hasattr(model, "set_attn_implementation") and hasattr(model, "module"):
+    ``set_attn_implementation`` lives; DeepSpeed's engine forwards attribute reads, but has a ``config`` of its own)."""
+    from transformers import PreTrainedModel
+
+    while not isinstance(model, PreTrainedModel) and isinstance(getattr(model, "module", None), nn.Module):
         model = model.module
     return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def _reshard(model: nn.Module) -> None:
+    """FSDP2 keeps the root's gathered parameters registered after a forward without a backward (the root does not
+    reshard after forward): register the shards again, which the optimizer and a resumed checkpoint address."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
 
 
 def _own_attention(model: nn.Module) -> str:
@@ -130,6 +142,7 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     finally:
         inner.set_attn_implementation(current)
         model.train(was_training)
+        _reshard(model)
     return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6)), sorted(kernels)
 
 
