@@ -177,16 +177,15 @@ def test_trained_ids_are_the_whole_conversation_tokenized_as_at_inference(tok, n
         assert ids[:len(whole)] == whole and ids[len(whole):] in ([], [tokenizer.eos_token_id]), name
         runs = trained_runs(row)
         assert runs and all(run[-1] in stops for run in runs), [tokenizer.decode(run) for run in runs]
+        if tokenizer.decode(whole) != text:  # this transformers decodes the vocabulary lossily (DeepSeek's at the
+            continue  # lower bounds): what is trained is read from decoded text only where decoding gives it back
         trained = " ".join(tokenizer.decode(run) for run in runs)
-        # spaces compared out: older tokenizers decode some vocabularies' word boundaries without them (the ids
-        # themselves are checked above)
-        assert any(answer.replace(" ", "") in trained.replace(" ", "") for answer in ANSWERS), trained
+        assert any(answer in trained for answer in ANSWERS), trained
         assert not any(marker in trained for marker in NOT_TRAINED), trained
         for run in runs:  # each span is one assistant turn: its words (and reasoning), then the stop
             decoded = tokenizer.decode(run[:-1]).replace("<unk>", "\n").strip()
-            assert decoded.replace(" ", "").endswith(tuple(a.replace(" ", "") for a in ANSWERS)) \
-                or "get_weather" in decoded, decoded
-    if shape in ("reasoning", "inline_think"):
+            assert decoded.endswith(ANSWERS) or "get_weather" in decoded, decoded
+    if shape in ("reasoning", "inline_think") and tokenizer.decode(whole) == text:
         assert "Thinkmark" in " ".join(tokenizer.decode(run) for row in rows for run in trained_runs(row))
     assert not report.audit.get("trained_prompt")
 
@@ -283,7 +282,9 @@ def test_inline_reasoning_is_given_as_reasoning_or_refused(tok):
 
 
 def _bare(text: str) -> str:
-    return text.replace(" ", "").replace("\u2581", "").strip()
+    """The text without its spaces and line breaks, which DeepSeek's vocabulary decodes otherwise at the lower bounds
+    (the ids are compared with the whole conversation's elsewhere)."""
+    return "".join(text.replace("\u2581", "").split())
 
 
 @pytest.mark.parametrize("value, expected", [(42, "42"), (["Step one.", "Step two."], "Step one.\nStep two.")])
