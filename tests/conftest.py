@@ -19,6 +19,10 @@ if "ANYFIT_CACHE" not in os.environ:
     os.environ["ANYFIT_CACHE"] = tempfile.mkdtemp(prefix="anyfit-test-cache-")
     atexit.register(shutil.rmtree, os.environ["ANYFIT_CACHE"], True)
 
+import deepspeed_ops  # noqa: E402
+
+deepspeed_ops.use_environment_folder()  # before tiny_runs copies the environment for the processes it starts
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from tiny_runs import save_tiny  # noqa: E402

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import psutil
-from tiny_runs import ENV, read_metrics, write_dataset
+from tiny_runs import ENV, HANG_S, read_metrics, write_dataset
 
 STEPS = 8
 
@@ -39,13 +39,13 @@ def launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True,
     if not wait:
         return proc
     try:
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=HANG_S)
     except subprocess.TimeoutExpired:  # a hang: kill the launcher and its workers, show their last lines
         for child in psutil.Process(proc.pid).children(recursive=True):
             child.kill()
         proc.kill()
         stdout, stderr = proc.communicate()
-        raise AssertionError(f"timed out after 300 s: {' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n"
+        raise AssertionError(f"timed out after {HANG_S} s: {' '.join(cmd)}\n--- stdout\n{stdout[-3000:]}\n--- stderr\n"
                              f"{stderr[-3000:]}") from None
     assert proc.returncode == 0, stderr[-4000:]
     return stdout

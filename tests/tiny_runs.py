@@ -17,6 +17,10 @@ from anyfit.training.loop import train
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 STEPS = 12
+# How long a test waits for a process or an event before it calls it hung: a guard against hangs, not a timing.
+# Generous, so that a machine four times slower than a quiet 2-core VM, busy with the suite's other worker,
+# passes too (the longest wait, a 4-process sharded run, is about a minute on the quiet VM).
+HANG_S = 1200
 
 
 def save_tiny(out: Path, tokenizer_dir: Path, arch: str = "llama", **overrides) -> Path:
@@ -121,7 +125,7 @@ def final_weights(out: Path) -> dict[str, torch.Tensor]:
     return load_file(out / name)
 
 
-def wait_for(predicate, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_for(predicate, proc: subprocess.Popen, timeout: float = HANG_S) -> None:
     t0 = time.time()
     while not predicate():
         assert proc.poll() is None, f"run ended before the event: {proc.communicate()[1][-2000:]}"

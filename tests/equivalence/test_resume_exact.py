@@ -7,6 +7,7 @@ import signal
 import pytest
 import torch
 from tiny_runs import (
+    HANG_S,
     STEPS,
     final_weights,
     metric_steps,
@@ -32,10 +33,10 @@ def test_sigkill_then_resume_is_bit_identical(lora, tiny_llama_dir, tmp_path):
     assert not (killed_out / "model.safetensors").exists() and not (killed_out / "adapter_model.safetensors").exists()
 
     resumed = start_train(cfg, killed_out, "train.resume=auto")
-    out, err = resumed.communicate(timeout=300)
+    out, err = resumed.communicate(timeout=HANG_S)
     assert resumed.returncode == 0, err[-3000:]
     assert "resumed from" in out
-    ref.communicate(timeout=300)
+    ref.communicate(timeout=HANG_S)
     assert ref.returncode == 0
     a, b = final_weights(tmp_path / "ref"), final_weights(killed_out)
     assert a.keys() == b.keys()

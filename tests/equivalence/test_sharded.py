@@ -15,7 +15,7 @@ import pytest
 import torch
 from launches import STEPS, complete_run, free_port, launch, losses, run_config
 from safetensors.torch import load_file
-from tiny_runs import ENV, final_weights, metric_steps, read_metrics, wait_for
+from tiny_runs import ENV, HANG_S, final_weights, metric_steps, read_metrics, wait_for
 
 from anyfit.training.checkpoints.integrity import checkpoint_problem
 
@@ -91,11 +91,11 @@ def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identic
     job = launch(run_config(tmp_path, tiny_llama_dir), killed, 2, "runtime.sharding=fsdp", wait=False, restarts=1)
     try:
         # at the first checkpoint: six steps still to go, so the kill lands mid-run however fast the machine
-        wait_for(lambda: (killed / "checkpoint-2" / "trainer_state.json").exists(), job, timeout=300)
+        wait_for(lambda: (killed / "checkpoint-2" / "trainer_state.json").exists(), job)
         workers = psutil.Process(job.pid).children()
         assert len(workers) == 2
         workers[-1].kill()  # one worker of two: a lost GPU, an OOM kill
-        stdout, stderr = job.communicate(timeout=300)
+        stdout, stderr = job.communicate(timeout=HANG_S)
     finally:  # a failed test leaves no job behind
         for process in [*psutil.Process(job.pid).children(recursive=True), job] if job.poll() is None else []:
             process.kill()
@@ -154,7 +154,7 @@ def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tm
                                f"train.output_dir={out}", "runtime.sharding=none"],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
     for node in nodes:
-        _, err = node.communicate(timeout=300)
+        _, err = node.communicate(timeout=HANG_S)
         assert node.returncode == 0, err[-3000:]
     info = json.loads((out / "run_info.json").read_text())
     assert info["batch"]["processes"] == 2

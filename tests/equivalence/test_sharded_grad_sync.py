@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from launches import free_port, launch, losses, run_config
-from tiny_runs import ENV
+from tiny_runs import ENV, HANG_S
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
 
@@ -60,7 +60,7 @@ def _probe(tmp_path: Path, model_dir: Path) -> dict:
     script.write_text(_PROBE)
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
                            str(free_port()), str(script), str(model_dir)], env=ENV, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (line,) = [x for x in proc.stdout.splitlines() if x.startswith("PROBE ")]
     return json.loads(line.removeprefix("PROBE "))

@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
+from endpoints import DroppingPort
+from tiny_runs import HANG_S
 
 from anyfit.cli import main
 from anyfit.config import ConfigError, load_config
@@ -84,17 +85,17 @@ def test_missing_local_path_is_a_one_line_error(tmp_path, capsys):
     assert err.startswith("anyfit: error: model.name_or_path:") and "does not exist" in err and err.count("\n") == 1
 
 
-def _run(args, env, timeout=60):
+def _run(args, env, timeout=HANG_S):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE"))}
     return subprocess.run([sys.executable, "-m", "anyfit", "download", *args], env={**base, **env},
                           capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_offline_is_a_fast_one_line_error(tmp_path):
-    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
-    start = time.monotonic()
+    hub = DroppingPort()  # fast: offline, nothing is asked of the network (no timeouts to wait out)
+    env = {"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": hub.url}
     r = _run(["model.name_or_path=nobody/no-such-model"], env)
-    assert r.returncode == 2 and time.monotonic() - start < 30
+    assert r.returncode == 2 and hub.connections == 0
     assert r.stderr.startswith("anyfit: error: model.name_or_path: offline (HF_HUB_OFFLINE is set)")
     assert r.stderr.count("\n") == 1
     data = tmp_path / "train.jsonl"
@@ -102,6 +103,7 @@ def test_offline_is_a_fast_one_line_error(tmp_path):
     r = _run([f"model.name_or_path={data.parent}", "data.path=openai/gsm8k"], env)
     assert r.returncode == 2 and r.stderr.count("\n") == 1
     assert "data.path: offline (HF_HUB_OFFLINE is set): cannot download data set openai/gsm8k" in r.stderr
+    assert hub.connections == 0
 
 
 # A two-file model repository, served the way the hub's HTTP API answers the few requests snapshot_download

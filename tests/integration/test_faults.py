@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_runs import ENV, metric_steps, resume_config, start_train, wait_for
+from tiny_runs import ENV, HANG_S, metric_steps, resume_config, start_train, wait_for
 
 from anyfit.runfolder import LOCK, RunLock
 from anyfit.training.checkpoints.integrity import checkpoint_problem
@@ -27,7 +27,7 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_bl
     config_before = (out / "config.yaml").read_text()
     # overwrite=true would clear the folder: the lock is checked before anything is touched
     second = start_train(cfg, out, "train.overwrite=true")
-    assert second.wait(timeout=120) == 2
+    assert second.wait(timeout=HANG_S) == 2
     lines = second.stderr.read().strip().splitlines()
     assert lines[-1].startswith(f"anyfit: error: train.output_dir {out} is in use by a run that is still going "
                                 f"(process {first.pid} on ")
@@ -36,7 +36,7 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_bl
     wait_for(lambda: len(metric_steps(out)) > logged + 1, first)  # the first run goes on, its files untouched
     assert (out / "config.yaml").read_text() == config_before
     first.send_signal(signal.SIGKILL)  # a crash: the lock file stays, the kernel drops the lock
-    first.wait(timeout=60)
+    first.wait(timeout=HANG_S)
     assert (out / LOCK).exists()
     with RunLock(out):  # what the next run takes first: the leftover file blocks nothing
         assert str(os.getpid()) in (out / LOCK).read_text()
@@ -73,7 +73,7 @@ def _train_with(cfg: Path, out: Path, steps: int, preexec=None) -> subprocess.Co
     """``steps`` steps with a checkpoint every 2 (none at the end: the final model is written instead)."""
     return subprocess.run([sys.executable, "-m", "anyfit", "train", str(cfg), f"train.output_dir={out}",
                            f"train.max_steps={steps}"], env=ENV, capture_output=True, text=True, preexec_fn=preexec,
-                          timeout=300)
+                          timeout=HANG_S)
 
 
 @pytest.mark.multirun

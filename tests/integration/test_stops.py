@@ -9,6 +9,7 @@ import signal
 import pytest
 import torch
 from tiny_runs import (
+    HANG_S,
     STEPS,
     metric_steps,
     resume_config,
@@ -30,7 +31,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
     proc = start_train(cfg, out, "train.save_every=0")
     wait_for(lambda: len(metric_steps(out)) >= 3, proc)
     proc.send_signal(signal.SIGTERM)
-    stdout, stderr = proc.communicate(timeout=120)
+    stdout, stderr = proc.communicate(timeout=HANG_S)
     assert proc.returncode == 0, stderr[-2000:]
     assert "SIGTERM received" in stdout and "train.resume=auto" in stdout
     ckpts = sorted(out.glob("checkpoint-*"))
@@ -39,7 +40,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
     assert 3 <= stopped_at < STEPS and metric_steps(out)[-1] == stopped_at
     # resuming finishes the run (a plain restart into the folder is refused: tests/integration/test_bad_input.py)
     done = start_train(cfg, out, "train.resume=auto", "train.save_every=0")
-    assert done.wait(timeout=300) == 0
+    assert done.wait(timeout=HANG_S) == 0
     assert metric_steps(out) == list(range(1, STEPS + 1))
 
 

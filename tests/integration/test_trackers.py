@@ -13,7 +13,7 @@ import sys
 import time
 
 import pytest
-from tiny_runs import ENV, config_for, read_metrics, write_dataset
+from tiny_runs import ENV, HANG_S, config_for, read_metrics, write_dataset
 
 from anyfit.training.loop import train
 
@@ -180,13 +180,13 @@ def test_wandb_without_login_or_offline_mode_fails_at_once_instead_of_asking(tin
     os.close(secondary)
     shown, t0 = b"", time.time()
     try:
-        while proc.poll() is None and time.time() - t0 < 60:
+        while proc.poll() is None and time.time() - t0 < HANG_S:
             if select.select([primary], [], [], 0.2)[0]:
                 try:
                     shown += os.read(primary, 65536)
                 except OSError:  # the terminal closed with the process
                     break
-        assert proc.wait(timeout=5) == 2, shown.decode(errors="replace")[-2000:]
+        assert proc.wait(timeout=HANG_S) == 2, shown.decode(errors="replace")[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()

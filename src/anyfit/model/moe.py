@@ -160,6 +160,8 @@ def restore_dropout(model: nn.Module, dropout: float) -> None:
 
 def adapter_in_experts(model: nn.Module) -> int:
     """Adapter parameters on the routed experts' fused tensors (PEFT's ``ParamWrapper`` over a 3-D tensor)."""
+    if "peft" not in sys.modules:  # no adapter was built: importing PEFT (and bitsandbytes) costs seconds per run
+        return 0
     try:
         from peft.tuners.lora import ParamWrapper
     except ImportError:  # a PEFT before target_parameters adapts no fused tensor

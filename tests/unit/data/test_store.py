@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from tiny_runs import HANG_S
 from transformers import AutoTokenizer
 
 from anyfit import cache, durable
@@ -215,7 +216,7 @@ def prepare_until_tokens(config: Path, tmp_path: Path, env: dict) -> tuple[subpr
     """``anyfit prepare`` started and caught while it writes tokens (its store half-written)."""
     victim = prepare_command(config, env)
     stores = tmp_path / "stores"
-    deadline = time.time() + 120
+    deadline = time.time() + HANG_S
     while not half_written(stores):
         assert victim.poll() is None, victim.communicate()[1][-2000:]
         assert time.time() < deadline
@@ -233,7 +234,7 @@ def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tm
     victim.wait()
     assert not [p for p in stores.iterdir() if p.is_dir() and not p.name.startswith(".")]  # no store yet
     done = prepare_command(big_config, env)
-    out, err = done.communicate(timeout=300)
+    out, err = done.communicate(timeout=HANG_S)
     assert done.returncode == 0, err[-2000:]
     (store,) = [p for p in stores.iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert store_problem(store, verify=True) is None and "built" in out
@@ -245,7 +246,7 @@ def test_a_build_killed_midway_leaves_nothing_that_looks_complete(big_config, tm
 def test_two_processes_one_builds_the_other_waits_and_reuses(big_config):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     runs = [prepare_command(big_config, env) for _ in range(2)]
-    outs = [r.communicate(timeout=300) for r in runs]
+    outs = [r.communicate(timeout=HANG_S) for r in runs]
     assert [r.returncode for r in runs] == [0, 0], [o[1][-1000:] for o in outs]
     said = sorted("built" if "(built" in out else "reused" if "(reused" in out else out for out, _ in outs)
     assert said == ["built", "reused"]
@@ -262,14 +263,14 @@ def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_p
     def spawned() -> list[psutil.Process]:
         return [c for c in psutil.Process(victim.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
 
-    deadline = time.time() + 60
+    deadline = time.time() + HANG_S
     while num_proc > 1 and len(spawned()) < num_proc:  # the pool's workers are up (maybe still importing)
         assert victim.poll() is None and time.time() < deadline
         time.sleep(0.05)
     workers = psutil.Process(victim.pid).children(recursive=True)
     os.killpg(victim.pid, signal.SIGINT)
-    _, err = victim.communicate(timeout=60)
-    _, alive = psutil.wait_procs(workers, timeout=30)
+    _, err = victim.communicate(timeout=HANG_S)
+    _, alive = psutil.wait_procs(workers, timeout=HANG_S)
     assert not alive, [" ".join(w.cmdline()) for w in alive]  # the workers end with the build, none left behind
     assert victim.returncode == 130
     # the progress bar redraws its line with carriage returns; what is left besides it is the one message line

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+from tiny_runs import HANG_S
 
 from anyfit.hardware.memory import _glibc
 
@@ -28,7 +29,7 @@ print(json.dumps((before - psutil.Process().memory_info().rss) / (80 * 4 * 2**20
 
 
 def _returned(mode: str) -> float:
-    out = subprocess.run([sys.executable, "-c", _SCRIPT, mode], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", _SCRIPT, mode], capture_output=True, text=True, timeout=HANG_S)
     assert out.returncode == 0, out.stderr[-2000:]
     return json.loads(out.stdout)
 
