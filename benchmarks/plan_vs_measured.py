@@ -105,6 +105,7 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
     from anyfit.config import load_config
     from anyfit.planning.memory import estimate_memory
     from anyfit.planning.presets import GIB, this_machine
+    from anyfit.planning.savers import describe
     from anyfit.planning.setup import setup_for
     from anyfit.planning.time import flops_per_token, step_seconds
     from anyfit.model.shape import model_shape
@@ -139,7 +140,7 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
     tokens_per_step = cfg.train.effective_batch * seq
     measured_step = tokens_per_step / metrics[-1]["tokens_per_s"]
     return {
-        "case": name, "setup": setup.describe(), "params": shape.params, "phase": est.phase,
+        "case": name, "setup": describe(setup), "params": shape.params, "phase": est.phase,
         "predicted_increase_gib": est.peak / GIB, "measured_increase_gib": (peak - base) / GIB,
         "baseline_gib": base / GIB, "measured_peak_gib": peak / GIB,
         "breakdown_gib": {k: v for k, v in est.as_dict().items() if k.endswith("_gib")},

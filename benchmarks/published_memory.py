@@ -161,7 +161,7 @@ def estimate(row: Row, shape: ModelShape) -> tuple[float, float]:
         "runtime.fused_optimizer=false",  # torch.optim.AdamW's default (foreach), bnb PagedAdamW: not fused
         f"lora.r={row.r}", f"lora.dropout={row.dropout}"])
     s = setup_for(cfg, method=row.method, device="cuda", precision="bf16", micro_batch=row.micro,
-                  processes=row.procs, sharding="fsdp" if row.fsdp else "none")
+                  processes=row.procs, overrides={"runtime.sharding": "fsdp" if row.fsdp else "none"})
     # LitGPT batches hold whole sequences (no packing): the seq is the padded length of the micro-batch.
     s = dataclasses.replace(s, lora_targets=row.targets, padding=False)
     est = estimate_memory(shape, s)

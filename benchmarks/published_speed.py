@@ -174,7 +174,8 @@ def setup(row: Row, shape: ModelShape):
         f"train.effective_batch={row.micro * row.accum * row.gpus}", "train.packing=true",
         f"train.optimizer={row.optimizer}", f"lora.r={row.r}"])
     s = setup_for(cfg, method=row.method, device="cuda", precision="bf16", micro_batch=row.micro,
-                  processes=row.gpus, sharding=row.sharding)
+                  processes=row.gpus, overrides={"runtime.sharding": "none" if row.sharding == "none" else "fsdp",
+                                                 "runtime.fsdp_offload": row.sharding == "offload"})
     return dataclasses.replace(s, lora_targets=row.targets, padding=False)
 
 

@@ -25,7 +25,7 @@ deepspeed_ops.use_environment_folder()  # before tiny_runs copies the environmen
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from tiny_runs import save_tiny  # noqa: E402
+from tiny_runs import cut_qwen_tokenizer, save_tiny  # noqa: E402
 
 # The suite runs under pytest-xdist (addopts in pyproject.toml): one worker process per core, at most 4. More
 # would hardly help: a test module stays on one worker (--dist loadfile) and the sharded and DeepSpeed modules make
@@ -101,6 +101,15 @@ def qwen_tokenizer(qwen_tokenizer_dir):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(qwen_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def qwen_small_tokenizer_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
+    """Qwen2.5's tokenizer cut to its first 1,000 tokens (bytes and first merges) and its special tokens: the same
+    pre-tokenizer, chat template and kinds of token, for runs that are about the model, not the 151k-token head."""
+    out = tmp_path_factory.mktemp("qwen25_small_tokenizer")
+    cut_qwen_tokenizer(qwen_tokenizer_dir, out)
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,3 @@
-import sys
+from anyfit.cli import run
 
-from anyfit.cli import main
-
-sys.exit(main())
+run()

@@ -32,8 +32,6 @@ METRICS = "metrics.jsonl"
 PLOT = "loss.png"
 CHECKPOINT_PREFIX = "checkpoint-"
 TMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
-SHARDED_DIR = "sharded"  # inside a sharded run's checkpoint: the torch.distributed.checkpoint files
-DEEPSPEED_DIR = "deepspeed"  # inside a DeepSpeed ZeRO-3 run's checkpoint: the engine's own files
 FINAL_MODEL_FILES = ("config.json", "adapter_config.json")  # either marks a finished run's final model
 LOCK = ".anyfit-run.lock"
 

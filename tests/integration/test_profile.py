@@ -39,9 +39,10 @@ def good(tiny_llama_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def deep_llama_dir(tmp_path_factory, qwen_tokenizer_dir):
-    """The tiny Llama with 12 layers instead of 2."""
-    return save_tiny(tmp_path_factory.mktemp("deep_llama"), qwen_tokenizer_dir, "llama", num_hidden_layers=12)
+def deep_llama_dir(tmp_path_factory, qwen_small_tokenizer_dir):
+    """The tiny Llama with 12 layers instead of 2, and the 1,000-token vocabulary: a call's fixed cost is most of
+    its time (the micro-batch rule's case)."""
+    return save_tiny(tmp_path_factory.mktemp("deep_llama"), qwen_small_tokenizer_dir, "llama", num_hidden_layers=12)
 
 
 def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):

@@ -12,8 +12,11 @@ The two formats a checkpoint's model and optimizer state come in:
 - sharded (FSDP2): ``sharded/``, every process's slices written by ``torch.distributed.checkpoint`` (DCP),
   keyed by parameter name.
 
-Same mode: each is read back as written (bit-identical continuation; DCP re-cuts shards for another process
-count by itself). Across modes, PyTorch's own tools do the moving, nothing here re-cuts a tensor by hand:
+Each format is read by the backend that writes it and no other (``Backend.read_states``), whichever layout the
+reading run has: ``load_states`` finds the writer (``writer_of``) and has it fill the reader's objects; the
+manifest check asks it which files its states need (``unlisted_states``). Same mode: each is read back as
+written (bit-identical continuation; DCP re-cuts shards for another process count by itself). Across modes,
+PyTorch's own tools do the moving, nothing here re-cuts a tensor by hand:
 
 - sharded -> replicated: DCP loads into whole tensors as readily as into shards: the unsharded model's and
   optimizer's state dicts by name (``get_state_dict``) are filled from the slices, then set back.
@@ -28,7 +31,14 @@ processes as wrote them (``continue_problem``); ``anyfit export`` reads any of t
 """
 
 from anyfit.backends.base import Backend, Loaded, local_bytes, local_numel
-from anyfit.backends.choose import choose_backend, choose_sequence_parallel, continue_problem, writer_of
+from anyfit.backends.choose import (
+    choose_backend,
+    choose_sequence_parallel,
+    continue_problem,
+    load_states,
+    unlisted_states,
+    writer_of,
+)
 
-__all__ = ["Backend", "Loaded", "choose_backend", "choose_sequence_parallel", "continue_problem", "local_bytes",
-           "local_numel", "writer_of"]
+__all__ = ["Backend", "Loaded", "choose_backend", "choose_sequence_parallel", "continue_problem", "load_states",
+           "local_bytes", "local_numel", "unlisted_states", "writer_of"]

@@ -2,7 +2,14 @@
 
 A backend is chosen once per run (``anyfit.backends.choose``) and then asked, never branched on: the loop,
 checkpointing, the micro-batch probe, validation, export and the profiler call these methods. Adding a way of
-spreading a run (sequence parallelism next) is one subclass in its own module and one line in ``choose``.
+spreading the model and its states over processes is one subclass in its own module and its place in
+``choose``. Sequence parallelism is not one: it splits each sequence over a group of processes
+beside whichever backend holds the states (``anyfit.backends.sequence``, applied by the loop).
+
+Each backend writes its checkpoints in its own format and is the only one that reads that format: it declares
+what it writes (``folder``, ``wrote``, ``unlisted``), and ``read_states``/``read_whole`` read it into whatever
+layout the reading run holds (relayout). Which backend wrote a folder is decided in one place
+(``anyfit.backends.choose.writer_of``).
 
 The update for backends whose optimizer is a torch optimizer (replicated and FSDP2): clip the global gradient
 norm, then step unless the loss or the gradient is not finite; where the optimizer is fused, the skip happens in
@@ -49,8 +56,10 @@ class Backend:
     Setup (collective): ``load`` (the model, read or received, sharded if this backend shards), ``optimizer``
     (the optimizer the update runs, from anyfit's), ``wrap`` (the objects the loop steps). A window: ``sync``
     around each micro-batch's forward/backward, ``backward``, then ``update``. States: ``full_state_dict``,
-    ``save_states``/``load_states`` into a checkpoint folder, ``check_checkpoint`` before anything loads;
-    ``read_whole`` reads a checkpoint this backend wrote in one process, without the ones that wrote it."""
+    ``save_states``/``load_states`` into a checkpoint folder, ``check_checkpoint`` before anything loads.
+    The format it writes (class methods, asked by the backend that wrote a folder): ``wrote``/``wrote_files``
+    (is it this backend's), ``unlisted`` (what a manifest lacks of it), ``read_states`` (into any reader's model
+    and optimizer), ``read_whole`` (the weights in one process, without the ones that wrote them)."""
 
     name: ClassVar[str]  # runtime.sharding's value
     layout: ClassVar[str]  # how its checkpoints are laid out, in words
@@ -111,9 +120,10 @@ class Backend:
         whole weights as an ordinary model folder (safetensors, the adapter for LoRA)."""
         raise NotImplementedError
 
-    def load_states(self, accelerator, model: nn.Module, optimizer, folder: Path) -> None:
-        """A checkpoint's model and optimizer states into this run's (collective)."""
-        raise NotImplementedError
+    def load_states(self, accelerator, model: nn.Module, optimizer, folder: Path, writer: type[Backend]) -> None:
+        """A checkpoint's model and optimizer states into this run's (collective): the backend that wrote
+        ``folder`` reads them (``read_states``) into the objects this one holds."""
+        writer.read_states(folder, model, optimizer, self)
 
     def check_checkpoint(self, folder: Path, processes: int, writer: type[Backend]) -> str:
         """Why this backend cannot continue, with ``processes``, the checkpoint ``writer`` wrote in ``folder``
@@ -125,10 +135,27 @@ class Backend:
         """Why another backend cannot continue the checkpoint this one wrote ('' when it can), as above."""
         return ""
 
+    # -- the format it writes (class methods: asked of the backend that wrote a folder) -------------------------
     @classmethod
     def wrote(cls, folder: Path) -> bool:
         """Whether this backend wrote the checkpoint in ``folder``."""
         return cls.folder is not None and (folder / cls.folder).is_dir()
+
+    @classmethod
+    def wrote_files(cls, names: set[str]) -> bool:
+        """Whether a checkpoint holding ``names`` (paths inside it, as its manifest lists them) is this backend's."""
+        return cls.folder is not None and any(name.startswith(f"{cls.folder}/") for name in names)
+
+    @classmethod
+    def unlisted(cls, names: set[str]) -> list[str]:
+        """The files of this backend's states that a checkpoint holding ``names`` lacks, in words ([]: none)."""
+        return []
+
+    @classmethod
+    def read_states(cls, folder: Path, model: nn.Module, optimizer, reader: Backend) -> None:
+        """The model and optimizer states this backend wrote in ``folder`` into ``reader``'s (collective): the
+        objects as ``reader`` holds them, sharded or whole, on as many processes as it runs."""
+        raise NotImplementedError
 
     @classmethod
     def read_whole(cls, folder: Path, model: nn.Module) -> None:

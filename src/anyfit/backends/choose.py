@@ -1,5 +1,7 @@
 """The one place a run's backend is chosen (``runtime.sharding``, with its reasons), and the one place that
-tells which backend wrote a checkpoint. Adding a backend: its module, and a line in each of the two below."""
+tells which backend wrote a checkpoint, so that backend is the one asked about its files (``unlisted_states``)
+and the one that reads them (``load_states``). Adding a backend: its module, and a line in each of the two
+below (``choose_backend``, ``WRITERS``)."""
 
 from __future__ import annotations
 
@@ -88,6 +90,19 @@ def choose_sequence_parallel(cfg: Config, processes: int) -> tuple[int, str]:
 def writer_of(folder: Path) -> type[Backend]:
     """The backend whose files a checkpoint folder holds (replicated: ordinary safetensors)."""
     return next((b for b in WRITERS if b.wrote(folder)), Replicated)
+
+
+def unlisted_states(names: set[str]) -> list[str]:
+    """The files of the model and optimizer states that a checkpoint holding ``names`` (its manifest's paths)
+    lacks, in words, as the backend whose files they are says ([]: none)."""
+    writer = next((b for b in WRITERS if b.wrote_files(names)), Replicated)
+    return writer.unlisted(names)
+
+
+def load_states(backend: Backend, accelerator, model, optimizer, folder: Path) -> None:
+    """A checkpoint's model and optimizer states into the objects ``backend`` holds (collective): the backend that
+    wrote ``folder`` reads its own files, into this run's layout where it is another (relayout)."""
+    backend.load_states(accelerator, model, optimizer, folder, writer_of(folder))
 
 
 def continue_problem(backend: Backend, folder: Path, processes: int) -> str:

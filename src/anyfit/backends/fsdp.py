@@ -20,25 +20,26 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import Any
 
 import torch
 import yaml
 from torch import nn
 
 from anyfit.backends.base import Backend, Loaded
-from anyfit.backends.reading import load_weights, torch_load
+from anyfit.backends.replicated import Replicated
 from anyfit.config import ConfigError
 from anyfit.hardware.memory import keep_host_heap_small, release_cached
 from anyfit.model.layers import decoder_stack
 from anyfit.model.loading import load_model, shared_parameter_names
-from anyfit.runfolder import RUN_CONFIG, SHARDED_DIR
+from anyfit.runfolder import RUN_CONFIG
+
+SHARDED_DIR = "sharded"  # inside a checkpoint of an FSDP2 run: every process's torch.distributed.checkpoint files
 
 
 class FSDP2(Backend):
     """Sharded by FSDP2: a replicated checkpoint's weights go into the model before it is sharded, its
-    optimizer state after (re-keyed by name); a sharded one loads as written, re-cut by DCP for any process
-    count."""
+    optimizer state after (``Replicated.read_states``: re-keyed by name); a sharded one loads as written, re-cut
+    by DCP for any process count, into a sharded model or a whole one (``read_states``)."""
 
     name = "fsdp"
     layout = "sharded (FSDP2)"
@@ -68,7 +69,9 @@ class FSDP2(Backend):
         loaded = Loaded.of(load_model(cfg, policy, accelerator.local_process_index,
                                       empty=from_rank0 and not accelerator.is_main_process), cfg, say)
         if resume_from is not None and not self.wrote(resume_from) and loaded.read:
-            load_weights(loaded.model, resume_from)  # a replicated checkpoint: sharded with the model below
+            # a replicated checkpoint (ZeRO-3's are refused before: ``continue_problem``): its weights are sharded
+            # with the model below, its optimizer state follows in ``load_states``
+            Replicated.read_whole(resume_from, loaded.model)
         loaded.model = shard_model(loaded.model, policy.compute_dtype, self.offload, accelerator.device, from_rank0)
         say(f"[anyfit] model sharded over {accelerator.num_processes} process(es)"
             + (": read once, by process 0; the others received their shards from it" if from_rank0 else ""))
@@ -91,11 +94,10 @@ class FSDP2(Backend):
     def save_states(self, accelerator, model, optimizer, folder: Path, save_weights) -> None:
         save_sharded(model, optimizer, folder)  # every process writes its own shards of weights and states
 
-    def load_states(self, accelerator, model, optimizer, folder: Path) -> None:
-        if self.wrote(folder):
-            load_sharded(model, optimizer, folder)
-        else:  # replicated: the weights went in before sharding (``load``), the optimizer state follows
-            load_replicated_optimizer(model, optimizer, folder)
+    @classmethod
+    def read_states(cls, folder: Path, model, optimizer, reader: Backend) -> None:
+        # DCP fills a sharded model's slices or a whole model's tensors alike, from however many processes wrote them
+        load_sharded(model, getattr(optimizer, "optimizer", optimizer), folder)  # the torch optimizer Accelerate wraps
 
     @classmethod
     def read_whole(cls, folder: Path, model) -> None:
@@ -245,33 +247,3 @@ def load_sharded(model: nn.Module, optimizer, directory: Path) -> None:
     state = {"model": model_state, "optimizer": optim_state}
     dcp.load(state, checkpoint_id=str(directory / SHARDED_DIR))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-
-
-def load_replicated_optimizer(model, optimizer, directory: Path) -> None:
-    """``optimizer.pt`` of a replicated run into a sharded one (collective): re-keyed by parameter name, then
-    cut to this process's slices by ``set_optimizer_state_dict``. Memory-mapped, so the processes of one
-    machine share the file's pages instead of each holding a copy."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    saved = torch_load(directory / "optimizer.pt", map_location="cpu", mmap=True)
-    set_optimizer_state_dict(model, optimizer, optimizer_by_name(model, optimizer, saved, directory),
-                             options=StateDictOptions(full_state_dict=True))
-
-
-def optimizer_by_name(model, optimizer, saved: dict[str, Any], directory: Path) -> dict[str, Any]:
-    """A torch optimizer state dict keyed by parameter position turned into one keyed by parameter name (the one
-    hand-written step: PyTorch reads only name-keyed full state dicts across layouts). Positions follow the
-    parameter groups' order, which ``build_optimizer`` makes the same for every layout (FSDP2 keeps each
-    parameter's name and place)."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    groups = optimizer.param_groups
-    shape = [len(g["params"]) for g in groups]
-    saved_shape = [len(g["params"]) for g in saved["param_groups"]]
-    if shape != saved_shape:
-        raise ConfigError(f"checkpoint {directory}: its optimizer.pt holds parameter groups of {saved_shape} "
-                          f"parameters, this run's optimizer {shape}; it was written for another model or "
-                          "LoRA setting. Resume with the run's own config.yaml, or start again.")
-    name_of = {i: names[id(p)] for saved_group, group in zip(saved["param_groups"], groups)
-               for i, p in zip(saved_group["params"], group["params"])}
-    return {"state": {name_of[i]: state for i, state in saved["state"].items()},
-            "param_groups": [{**g, "params": [name_of[i] for i in g["params"]]} for g in saved["param_groups"]]}

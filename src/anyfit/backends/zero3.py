@@ -37,8 +37,8 @@ from anyfit.backends.base import Backend, Loaded
 from anyfit.config import Config, ConfigError
 from anyfit.model.loading import load_model, shared_parameter_names
 from anyfit.model.source import dequantized
-from anyfit.runfolder import DEEPSPEED_DIR
 
+DEEPSPEED_DIR = "deepspeed"  # inside a checkpoint of a ZeRO-3 run: the engine's own files, every process's
 _TAG = "state"  # the one tag under DEEPSPEED_DIR (anyfit's checkpoint folder already names the step)
 
 
@@ -97,7 +97,9 @@ class ZeRO3(Backend):
         # the engine's partitions and optimizer states, each process its own files
         model.save_checkpoint(str(folder / DEEPSPEED_DIR), tag=_TAG, save_latest=False)
 
-    def load_states(self, accelerator, model, optimizer, folder: Path) -> None:
+    @classmethod
+    def read_states(cls, folder: Path, model, optimizer, reader: Backend) -> None:
+        # only ZeRO-3 on as many processes reads these (``check_checkpoint``): ``model`` is its engine
         path, _ = model.load_checkpoint(str(folder / DEEPSPEED_DIR), tag=_TAG, load_optimizer_states=True,
                                         load_lr_scheduler_states=False, load_module_strict=True)
         if path is None:

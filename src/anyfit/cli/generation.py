@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from anyfit.cli.common import config_and_overrides, config_args
 from anyfit.config import ConfigError, load_config, set_by_user
 from anyfit.runfolder import run_config_path
@@ -100,12 +102,23 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def trained_on_a_mix(run_config: Path) -> bool:
+    """Whether a training run's config.yaml drew on several sources (``data.mix``). The one key is read as the run
+    wrote it, so the config ``anyfit eval`` uses is loaded once, with the run's as its base."""
+    try:
+        saved = yaml.safe_load(run_config.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return False  # loading it as the base says what is wrong with it
+    data = saved.get("data") if isinstance(saved, dict) else None
+    return isinstance(data, dict) and bool(data.get("mix"))
+
+
 def cmd_eval(args) -> int:
     # A training output folder is evaluated with its run's settings (prompt layout, tokenizer, ...) as the
     # base, so the model sees the prompts it was trained on; the file and the overrides come on top.
     base = run_config_path(args.model) if args.model and Path(args.model).is_dir() else None
     config, overrides = config_and_overrides(args)
-    if base is not None and load_config(base).data.mix:  # trained on several sources: eval reads one data.path
+    if base is not None and trained_on_a_mix(base):  # trained on several sources: eval reads one data.path
         overrides = ["data.mix=[]", *overrides]
     cfg = load_config(config, overrides, base=base, echo=print if base else None)
     model = args.model or cfg.model.name_or_path

@@ -298,6 +298,11 @@ class Config:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    def value(self, key: str) -> Any:
+        """The value of a dotted key ('model.tiled_mlp')."""
+        section, name = key.split(".")
+        return getattr(getattr(self, section), name)
+
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 

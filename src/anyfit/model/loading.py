@@ -2,8 +2,9 @@
 folder or GGUF file, LoRA/QLoRA applied), and for inference (the same sources plus a training output
 folder: a full fine-tune, or a LoRA adapter on its base).
 
-The rules the two paths share live here once: the pad-token fallback (``ensure_pad_token``), LoRA targets,
-activation checkpointing. Where weights come from is ``anyfit.model.source``'s; the clean-up of a dequantized
+The rules the two paths share live here once: the pad-token fallback (``ensure_pad_token``), LoRA targets. The
+memory savers that change the model (checkpointing, activation offload, the tiled MLP, the fused head) are installed
+through ``anyfit.model.savers``. Where weights come from is ``anyfit.model.source``'s; the clean-up of a dequantized
 GGUF model is ``anyfit.model.gguf_cache``'s; device and dtypes are the runtime policy's
 (``anyfit.hardware.runtime``).
 """
@@ -21,10 +22,8 @@ from anyfit.hub import check_model_id
 from anyfit.model.attention import register as register_varlen_attention
 from anyfit.model.composite import freeze_all_but_language, language_modules, lora_scope, model_class
 from anyfit.model.gguf_cache import drop_gguf_quantizer
-from anyfit.model.offload import offload_activations
-from anyfit.model.head import fuse_head
 from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, moe_blocks, restore_dropout
-from anyfit.model.tiled import tile_mlps
+from anyfit.model.savers import install_savers
 from anyfit.model.shape import resolve_lora_targets
 from anyfit.model.source import ModelSource, locate_model
 
@@ -90,14 +89,7 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
     if src.gguf_file:
         drop_gguf_quantizer(model)
     freeze_all_but_language(model)  # a composite (vision-language) checkpoint trains its language model only
-    if cfg.model.gradient_checkpointing:
-        enable_checkpointing(model, cfg.model.checkpoint_every)
-    if cfg.model.activation_offload:
-        offload_activations(model, pin=policy.device == "cuda")
-    if cfg.model.tiled_mlp:
-        tile_mlps(model)
-    if cfg.train.fused_loss:
-        fuse_head(model)
+    install_savers(model, cfg, policy)  # checkpointing, activation offload, tiled MLP, fused head: as configured
     balance_routers(model, cfg.train.router_aux_loss_coef)  # MoE: the router's load-balancing loss, if asked
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
@@ -125,26 +117,6 @@ def _instantiate(src: ModelSource, kwargs: dict, empty: bool) -> nn.Module:
         model = auto.from_config(config, **built)
     model.tie_weights()  # as from_pretrained does (from_config under init_empty_weights leaves them apart)
     return model
-
-
-def enable_checkpointing(model: nn.Module, every: int = 1) -> None:
-    """Activation checkpointing through transformers' own layers, on every ``every``-th decoder layer.
-
-    Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads. Every
-    decoder layer of transformers is a ``GradientCheckpointingLayer`` with its own ``gradient_checkpointing``
-    switch: enabling it model-wide and switching it off on the layers in between keeps their activations
-    (more memory, less recomputation).
-    """
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x renamed it
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    model.config.use_cache = False
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for i, layer in enumerate(layers):
-        layer.gradient_checkpointing = i % every == 0
 
 
 def linear_leaf_names(model: nn.Module) -> list[str]:

@@ -28,7 +28,9 @@ Everything is computed from the model's *config* (no weights are read) and the r
 5. ``anyfit.planning.report``: the printed table and ``--json``; ``anyfit.planning.presets``: the machines
    (GPUs, Macs, this one) with their memory, peak FLOPs, bandwidth and price.
 
-The one mapping from config keys to what the estimates take is ``anyfit.planning.setup.setup_for``.
+The one mapping from config keys to what the estimates take is ``anyfit.planning.setup.setup_for``; the memory
+savers themselves (their keys, ladder tiers and values, words, estimate terms and model hooks) are the rows of
+``anyfit.planning.savers.SAVERS``.
 
 The estimates describe anyfit's own loop and policies: fp32 master weights with bf16/fp16 autocast for
 full fine-tuning (FSDP2 mixed precision when sharded), a frozen base in the compute dtype for LoRA on CUDA

@@ -5,15 +5,15 @@ with the one line the run prints."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 from anyfit.config import Config, ConfigError
 from anyfit.data.batching import BatchPlan
 from anyfit.model.shape import ModelShape
-from anyfit.planning.ladder import _Option, _Planner
+from anyfit.planning.ladder import Planner
 from anyfit.planning.memory import estimate_memory
 from anyfit.planning.presets import Target
+from anyfit.planning.savers import Option
 from anyfit.planning.setup import SAFETY, setup_for
 from anyfit.units import GIB
 
@@ -40,23 +40,24 @@ def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes
         run_micro = BatchPlan.from_config(cfg.train, processes).micro_batch
     except ConfigError as e:
         return False, f"the batch split is refused ({e})"
-    p = _Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
+    p = Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
     p.host_budget = None  # the device memory decides FSDP vs DDP here (sharded, the model is read only once)
     budget = f"{p.budget / GIB:.1f} GiB per {'process' if target.device == 'cpu' else 'device'}"
 
-    def peak(option: _Option) -> tuple[int | None, int]:
+    def peak(option: Option) -> tuple[int | None, int]:
         """(peak bytes at the micro-batch the run will use, that micro-batch); None when none fits."""
         if cfg.train.micro_batch == "auto":
             found = p.fit(option)
             return (found[1].peak, found[0].micro_batch) if found else (None, 1)
         micro = run_micro  # what the run will use: BatchPlan.from_config's rule, not a copy of it
         precision = p.precision(option.method)
+        # runtime.sequence_parallel as the config has it (setup_for's rule), not as the ladder would refuse it
+        overrides = {key: value for key, value in option.overrides if key != "runtime.sequence_parallel"}
         setup = setup_for(cfg, method=option.method, device=target.device, precision=precision, micro_batch=micro,
-                          processes=processes, checkpoint_every=option.ckpt, optimizer=option.optimizer,
-                          sharding=option.sharding, reduce_every=option.reduce)
+                          processes=processes, overrides=overrides)
         return estimate_memory(shape, setup).peak, micro
 
-    base = dataclasses.replace(p.configured(processes), sharding="none")
+    base = p.configured(processes).with_({"runtime.sharding": "none", "runtime.fsdp_offload": False})
     unsharded, micro = peak(base)
     if unsharded is not None and unsharded <= p.budget:
         return False, (f"the unsharded run fits: {unsharded / GIB:.1f} GiB of {budget} at micro-batch {micro}")
@@ -64,7 +65,8 @@ def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes
     blocked = p.blocker(p.method)
     if blocked:
         return False, f"the unsharded run does not fit ({need}, budget {budget}), but it cannot be sharded: {blocked}"
-    sharded, micro = peak(dataclasses.replace(base, sharding="fsdp", reduce=p.reduce))
+    sharded, micro = peak(base.with_({"runtime.sharding": "fsdp", "runtime.fsdp_reduce_every_micro_batch":
+                                      p.asked["runtime.fsdp_reduce_every_micro_batch"]}))
     if sharded is not None and sharded <= p.budget:
         return True, (f"the unsharded run does not fit ({need}, budget {budget}); sharded over {processes}: "
                       f"{sharded / GIB:.1f} GiB at micro-batch {micro}")
@@ -80,7 +82,7 @@ def recommend_sequence_parallel(cfg: Config, shape: ModelShape, target: Target, 
     largest allowed (and the reason says it is still over: 'anyfit plan' has the other savers)."""
     if processes <= 1:
         return 1, "one process: nothing to split over"
-    p = _Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
+    p = Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
     p.host_budget = None
     base = p.configured(processes)
     budget = f"{p.budget / GIB:.1f} GiB per {'process' if target.device == 'cpu' else 'device'}"
@@ -93,7 +95,7 @@ def recommend_sequence_parallel(cfg: Config, shape: ModelShape, target: Target, 
         return 1, (f"the unsplit run does not fit ({budget}), and no degree splits {processes} processes, "
                    f"{shape.num_heads} heads and the batch: see 'anyfit plan'")
     for degree in degrees:
-        found = p.fit(dataclasses.replace(base, sp=degree))
+        found = p.fit(base.with_({"runtime.sequence_parallel": degree}))
         if found:
             return degree, (f"the unsplit run does not fit ({budget}); each sequence over {degree} processes: "
                             f"{found[1].peak / GIB:.1f} GiB at micro-batch {found[0].micro_batch}")

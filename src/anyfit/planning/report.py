@@ -10,7 +10,8 @@ from anyfit.config import Config, ConfigError
 from anyfit.model.shape import ModelShape, model_shape
 from anyfit.planning.ladder import TargetPlan, plan_target
 from anyfit.planning.presets import DEFAULT_MFU, MATMUL_SHARE, PRESETS, PRICE_NOTE, Target, default_targets
-from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY, Setup, config_overrides
+from anyfit.planning.savers import config_overrides, describe, short_words
+from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY
 from anyfit.planning.time import duration_text
 from anyfit.units import GIB
 
@@ -67,22 +68,6 @@ def _money(value: float | None) -> str:
     return f"${value:.2f}" if value < 100 else f"${value:,.0f}"
 
 
-def _short_savers(s: Setup) -> str:
-    """The savers for the table, abbreviated (the notes and --json spell them out)."""
-    out = []
-    if s.offload:
-        out.append(f"offload/{s.processes}")
-    elif s.fsdp:
-        out.append(f"FSDP/{s.processes}")
-    if s.optimizer != "adamw":
-        out.append({"adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit", "adafactor": "Adafactor"}[s.optimizer])
-    if s.gradient_checkpointing:
-        out.append("ckpt" if s.checkpoint_every == 1 else f"ckpt/{s.checkpoint_every}")
-    if s.activation_offload:
-        out.append("act-offload")
-    return " ".join(out) or "-"
-
-
 def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
                 safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None) -> str:
     """The printable plan: one row per target, each target's per-device breakdown, then the first target's
@@ -113,7 +98,7 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
                      s.precision if s else "-",
                      f"{s.micro_batch} x {s.accumulation} x {s.processes}" if s else "-",
                      {"full": "full", "lora": "LoRA", "qlora": "QLoRA"}[s.method] if s else "-",
-                     _short_savers(s) if s else "-",
+                     short_words(s) if s else "-",
                      f"{_gib(m.peak)} / {p.budget_bytes / GIB:.0f}" if m else "-",
                      (_gib(m.host) + (f" / {p.host_budget_bytes / GIB:.0f}" if p.host_budget_bytes else ""))
                      if m and m.host else "-",
@@ -151,7 +136,7 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
     first = next((p for p in plans if p.memory), None)
     if first:
         m, s = first.memory, first.setup
-        lines += ["", f"memory at the peak on {first.target.label()}, per device ({s.describe()}; peak during the "
+        lines += ["", f"memory at the peak on {first.target.label()}, per device ({describe(s)}; peak during the "
                       f"{m.phase}):"]
         parts = [("weights", m.weights), ("gradients", m.gradients), (f"optimizer ({OPTIMIZER_NAMES[s.optimizer]})",
                  m.optimizer), ("activations", m.activations), ("logits + loss", m.logits),

@@ -3,7 +3,9 @@ one mapping from a run config to them (``setup_for``), with the constants of the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from anyfit.config import Config
 from anyfit.hardware.runtime import weight_dtype
@@ -130,117 +132,48 @@ class Setup:
 
     def checkpointed_layers(self, num_layers: int) -> int:
         """Layers whose activations are recomputed: those with index % checkpoint_every == 0
-        (anyfit.model.loading.enable_checkpointing)."""
+        (anyfit.model.savers.enable_checkpointing)."""
         if not self.gradient_checkpointing:
             return 0
         return len(range(0, num_layers, self.checkpoint_every))
 
-    def savers(self) -> list[str]:
-        """The memory savers this setup uses, in words."""
-        out = []
-        if self.offload:
-            out.append(f"CPU offload (FSDP over {self.processes})")
-        elif self.fsdp:
-            out.append(f"sharding over {self.processes}")
-        if self.reduces_every_micro_batch:
-            out.append("reduce-scatter every micro-batch")
-        if self.optimizer != "adamw":
-            out.append(OPTIMIZER_NAMES[self.optimizer])
-        if self.gradient_checkpointing:
-            out.append("checkpointing every layer" if self.checkpoint_every == 1
-                       else f"checkpointing every {self.checkpoint_every} layers")
-        if self.activation_offload:
-            out.append("activation offload")
-        if self.tiled_mlp:
-            out.append("tiled MLP")
-        if self.fused_loss:
-            out.append("fused loss")
-        if self.sequence_parallel > 1:
-            out.append(f"sequence parallel over {self.sequence_parallel}")
-        return out
-
-    def describe(self) -> str:
-        what = {"full": "full fine-tuning", "lora": f"LoRA r={self.lora_r}", "qlora": f"QLoRA r={self.lora_r}"}
-        parts = [what[self.method], self.precision, f"micro {self.micro_batch} x accum {self.accumulation} x procs "
-                 f"{self.processes}", f"seq {self.seq_len}", OPTIMIZER_NAMES[self.optimizer]]
-        if self.gradient_checkpointing:
-            parts.append("gradient checkpointing" + ("" if self.checkpoint_every == 1
-                                                     else f" every {self.checkpoint_every} layers"))
-        if self.fsdp:
-            parts.append(f"FSDP over {self.processes}" + (" with CPU offload" if self.offload else "")
-                         + (", reduce-scatter every micro-batch" if self.reduces_every_micro_batch else ""))
-        if self.tiled_mlp:
-            parts.append("tiled MLP")
-        if self.fused_loss:
-            parts.append("fused head and loss")
-        if self.sequence_parallel > 1:
-            parts.append(f"each sequence over {self.sequence_parallel} processes")
-        return ", ".join(parts)
-
 
 def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
-              checkpoint_every: int | None = None, optimizer: str | None = None, sharding: str = "none",
-              reduce_every: bool | None = None, activation_offload: bool | None = None,
-              tiled_mlp: bool | None = None, sequence_parallel: int | None = None,
-              fused_loss: bool | None = None) -> Setup:
+              overrides: Mapping[str, Any] | None = None) -> Setup:
     """``cfg`` run as ``method`` (full | lora | qlora) on ``device`` in ``precision``, at ``micro_batch`` per
     process over ``processes``: the one place config keys become the planner's ``Setup``.
 
-    ``checkpoint_every`` (0: no checkpointing; default: the config's), ``optimizer`` (default: the config's),
-    ``sharding`` (none | fsdp | offload), ``reduce_every`` (runtime.fsdp_reduce_every_micro_batch),
-    ``activation_offload``, ``tiled_mlp`` (model.*), ``fused_loss`` (train.*) and ``sequence_parallel``
-    (runtime.*; all default to the config's) are what the saver ladder varies. Under sequence parallelism the processes form groups that each
-    draw one data-parallel share of the batch. Weights are sized as model loading loads them (the runtime
-    policy's ``weight_dtype``); the accumulation keeps the effective batch."""
-    if checkpoint_every is None:
-        checkpoint_every = cfg.model.checkpoint_every if cfg.model.gradient_checkpointing else 0
-    if reduce_every is None:
-        reduce_every = cfg.runtime.fsdp_reduce_every_micro_batch
-    if activation_offload is None:
-        activation_offload = cfg.model.activation_offload
-    if tiled_mlp is None:
-        tiled_mlp = cfg.model.tiled_mlp
-    if fused_loss is None:
-        fused_loss = cfg.train.fused_loss
-    if sequence_parallel is None:  # the configured degree where it applies ("auto" is the ladder's to choose)
-        configured = cfg.runtime.sequence_parallel
-        sequence_parallel = configured if isinstance(configured, int) and processes % configured == 0 else 1
+    ``overrides`` (config key -> value) replace the config's memory savers, as a saver-ladder option applies them
+    (``anyfit.planning.savers``: model.gradient_checkpointing, model.checkpoint_every, model.activation_offload,
+    model.tiled_mlp, train.fused_loss, train.optimizer, runtime.sharding, runtime.fsdp_offload,
+    runtime.fsdp_reduce_every_micro_batch, runtime.sequence_parallel). Sharded means ``runtime.sharding`` is
+    ``fsdp`` (the config's ``auto`` or ``deepspeed`` are the ladder's to resolve: unsharded here); the configured
+    sequence-parallel degree applies where it divides the processes ("auto" is the ladder's to choose). Under
+    sequence parallelism the processes form groups that each draw one data-parallel share of the batch. Weights are
+    sized as model loading loads them (the runtime policy's ``weight_dtype``); the accumulation keeps the effective
+    batch."""
+    overrides = overrides or {}
+
+    def value(key: str) -> Any:
+        return overrides[key] if key in overrides else cfg.value(key)
+
+    checkpointing = value("model.gradient_checkpointing")
+    sharded = value("runtime.sharding") == "fsdp"
+    sequence_parallel = value("runtime.sequence_parallel")
+    if "runtime.sequence_parallel" not in overrides:
+        divides = isinstance(sequence_parallel, int) and processes % sequence_parallel == 0
+        sequence_parallel = sequence_parallel if divides else 1
     per_process = cfg.train.effective_batch // (processes // sequence_parallel)
     return Setup(method=method, device=device, precision=precision,
                  weight_bytes=weight_dtype(cfg.model.dtype, method != "full", device, precision).itemsize,
-                 micro_batch=micro_batch, seq_len=cfg.data.max_length, gradient_checkpointing=checkpoint_every > 0,
-                 checkpoint_every=checkpoint_every or 1, accumulation=max(1, per_process // micro_batch),
-                 processes=processes, fsdp=sharding != "none", offload=sharding == "offload",
-                 optimizer=optimizer or cfg.train.optimizer, lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules,
-                 lora_experts=cfg.lora.experts,
+                 micro_batch=micro_batch, seq_len=cfg.data.max_length, gradient_checkpointing=checkpointing,
+                 checkpoint_every=value("model.checkpoint_every") if checkpointing else 1,
+                 accumulation=max(1, per_process // micro_batch), processes=processes, fsdp=sharded,
+                 offload=sharded and value("runtime.fsdp_offload"), optimizer=value("train.optimizer"),
+                 lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules, lora_experts=cfg.lora.experts,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
-                 fsdp_unsharded_accumulation=not reduce_every, activation_offload=activation_offload,
-                 qlora_upcast=cfg.lora.qlora_upcast, tiled_mlp=tiled_mlp, sequence_parallel=sequence_parallel,
-                 fused_loss=fused_loss)
-
-
-def config_overrides(s: Setup) -> list[str]:
-    """The config keys that select this setup (what to put in the YAML or on the command line)."""
-    out = [f"lora.enabled={str(s.lora).lower()}"]
-    if s.method == "qlora":
-        out.append("lora.qlora=true")
-        if not s.qlora_upcast:
-            out.append("lora.qlora_upcast=false")
-    out.append(f"model.gradient_checkpointing={str(s.gradient_checkpointing).lower()}")
-    if s.gradient_checkpointing:
-        out.append(f"model.checkpoint_every={s.checkpoint_every}")
-    if s.activation_offload:
-        out.append("model.activation_offload=true")
-    if s.tiled_mlp:
-        out.append("model.tiled_mlp=true")
-    if s.fused_loss:
-        out.append("train.fused_loss=true")
-    if s.sequence_parallel > 1:
-        out.append(f"runtime.sequence_parallel={s.sequence_parallel}")
-    out += [f"train.optimizer={s.optimizer}", f"runtime.sharding={'fsdp' if s.fsdp else 'none'}",
-            f"runtime.fsdp_offload={str(s.offload).lower()}"]
-    if s.reduces_every_micro_batch:
-        out.append("runtime.fsdp_reduce_every_micro_batch=true")
-    out.append(f"train.micro_batch={s.micro_batch}")
-    return out
+                 fsdp_unsharded_accumulation=not value("runtime.fsdp_reduce_every_micro_batch"),
+                 activation_offload=value("model.activation_offload"), qlora_upcast=cfg.lora.qlora_upcast,
+                 tiled_mlp=value("model.tiled_mlp"), sequence_parallel=sequence_parallel,
+                 fused_loss=value("train.fused_loss"))

@@ -62,9 +62,8 @@ def micro_positions(windows: list[np.ndarray], packed: bool, micro: int) -> list
 def run_setup(cfg: Config, policy: RuntimePolicy, micro: int, processes: int, sharded: bool, seq_len: int) -> Setup:
     """The planner's ``Setup`` of this run, at the longest sequence of the profiled windows."""
     method = "qlora" if cfg.lora.qlora else "lora" if cfg.lora.enabled else "full"
-    sharding = ("offload" if cfg.runtime.fsdp_offload else "fsdp") if sharded else "none"
     setup = setup_for(cfg, method=method, device=policy.device, precision=policy.precision, micro_batch=micro,
-                      processes=processes, sharding=sharding)
+                      processes=processes, overrides={"runtime.sharding": "fsdp" if sharded else "none"})
     return dataclasses.replace(setup, seq_len=seq_len)
 
 

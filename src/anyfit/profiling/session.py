@@ -2,7 +2,7 @@
 memory by kind beside the planner's, and advice (printed, and written to ``OUTPUT/profile/``).
 
 The loop wraps its steps in ``profiled(ProfiledRun(...), say)`` (what the profiler reads, handed over
-explicitly) and calls ``step()`` after each one; with profiling off that is a no-op. The schedule:
+explicitly, by name) and calls ``step()`` after each one; with profiling off that is a no-op. The schedule:
 ``runtime.profile_warmup`` steps untraced (the first allocates the optimizer state; the last of them is traced but dropped, and its memory is counted by kind, see
 ``anyfit.profiling.memory``), then N traced steps. At the end of the traced steps every process writes its
 own trace (``OUTPUT/profile/rank<R>...pt.trace.json``: Perfetto and TensorBoard's profiler open it), every
@@ -32,9 +32,9 @@ PROFILE_DIR = "profile"
 SUMMARY = "profile.json"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ProfiledRun:
-    """What the profiler reads of a run, handed over by the training loop."""
+    """What the profiler reads of a run, handed over by the training loop (by keyword)."""
 
     cfg: object  # the run's Config
     policy: object  # its RuntimePolicy

@@ -7,6 +7,8 @@ from ``anyfit.data.batching.micro_batch_candidates``, the rule ``anyfit plan`` u
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 from torch.profiler import record_function
@@ -105,11 +107,19 @@ def halve_micro_batch(plan: BatchPlan, processes: int, error: BaseException) -> 
     return plan.with_micro_batch(max(smaller))
 
 
+@dataclass(frozen=True)
+class Window:
+    """One step's accumulation window, its forward and backward done (``backward_with_retry``)."""
+
+    loss_sum: torch.Tensor  # this process's summed token loss (detached, on the device)
+    indices: list[list[int]]  # the examples of each of this process's micro-batches
+    trainable_tokens: int  # trainable tokens of the whole window, all processes (what the loss is divided by)
+
+
 def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream: StepStream, step: int, loss_fn,
-                        device: str, echo=print) -> tuple[torch.Tensor, list[list[int]], int]:
+                        device: str, echo=print) -> Window:
     """``backward_window`` over the step's window; after an out-of-memory error the partial window is
-    dropped and the step is redone whole with half the micro-batch. Returns (loss sum, example indices
-    per micro-batch, window trainable tokens)."""
+    dropped and the step is redone whole with half the micro-batch."""
     while True:
         with record_function("anyfit.data_wait"):  # the phases anyfit.profiling reads from a trace
             indices, window_tokens, cpu_batches = stream.get(step)
@@ -117,7 +127,7 @@ def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream:
             batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
             loss_sum = backward_window(backend, accelerator, model, batches, window_tokens, loss_fn)
-            return loss_sum, indices, window_tokens
+            return Window(loss_sum=loss_sum, indices=indices, trainable_tokens=window_tokens)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
             if not is_oom(e) or not backend.redo_after_oom:
                 raise

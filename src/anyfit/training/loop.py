@@ -1,4 +1,4 @@
-"""The training loop: ``train(cfg)`` sets a run up, then ``run_steps`` runs it, each read top to bottom.
+"""The training loop: ``train(cfg)`` sets a run up (``set_up``), then ``run_steps`` runs it, each read top to bottom.
 
 Setup asks the module that owns each part: the runtime policy (``hardware.runtime``), the backend that spreads
 the run over its processes (``anyfit.backends``, chosen once and never branched on), where the run starts
@@ -42,7 +42,7 @@ from anyfit.profiling.flops import DevicePeak, ModelFlops, device_peak
 from anyfit.profiling.session import ProfiledRun, profiled
 from anyfit.runfolder import METRICS, RunLock
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
-from anyfit.training.checkpoints.checkpoint import Checkpointer, load_checkpoint, save_final_model
+from anyfit.training.checkpoints.checkpoint import Checkpointer, TrainState, load_checkpoint, save_final_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
 from anyfit.training.checkpoints.integrity import complete_checkpoints
 from anyfit.training.interruption import StopOnSignal
@@ -80,16 +80,13 @@ class TrainResult:
 
 @dataclass
 class Run:
-    """Everything a set-up run is made of, built by ``train`` and stepped through by ``run_steps``."""
+    """Everything a set-up run is made of, built by ``set_up`` and stepped through by ``run_steps``."""
 
     cfg: Config
     policy: RuntimePolicy
     backend: Backend
     accelerator: object
-    model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: object
-    tokenizer: object
+    state: TrainState  # model, optimizer, scheduler (as the backend wrapped them) and tokenizer: what checkpoints hold
     data: TrainingData
     stream: StepStream
     evaluator: InTrainingEval
@@ -126,14 +123,21 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     # one run per folder: the main process holds its lock until the run ends, so a second run started on the same
     # folder stops at once instead of writing its checkpoints between this one's
     with RunLock(Path(cfg.train.output_dir), enabled=accelerator.is_main_process):
-        return _train(cfg, policy, accelerator, trackers, echo, loss_fn, save_final)
+        say = echo if accelerator.is_main_process else (lambda *a, **k: None)
+        run = set_up(cfg, policy, accelerator, say, loss_fn, save_final)
+        try:
+            start_trackers(accelerator, trackers, run.out.resolve().name, cfg.to_dict())
+            return run_steps(run, say)  # closes the trackers at its end
+        except BaseException as error:
+            finish_failed_trackers(accelerator, error)
+            raise
 
 
-def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str], echo, loss_fn,
-           save_final: bool) -> TrainResult:
+def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_final: bool) -> Run:
+    """Every part of the run, each from the module that owns it (see the module docstring), restored from the
+    checkpoint it continues; the run folder started."""
     from accelerate.utils import set_seed
 
-    say = echo if accelerator.is_main_process else (lambda *a, **k: None)
     # runtime.sequence_parallel: groups of N processes share each sequence; the groups split the window's data
     degree, split_reason = choose_sequence_parallel(cfg, accelerator.num_processes)
     split = SequenceSplit.of(degree, accelerator.process_index, accelerator.num_processes)
@@ -185,30 +189,27 @@ def _train(cfg: Config, policy: RuntimePolicy, accelerator, trackers: list[str],
     peak = device_peak(policy.device, policy.precision)
     if cfg.train.micro_batch == "auto":
         plan = sampler.plan = auto_micro_batch(backend, accelerator, model, data.examples, plan, collate_fn, loss_fn,
-                                               policy.device, cfg.runtime.memory_fraction, loaded.trainable, say,
-                                               lockstep=split.active)
+                                               device=policy.device, memory_fraction=cfg.runtime.memory_fraction,
+                                               trainable_params=loaded.trainable, echo=say, lockstep=split.active)
 
-    run = Run(cfg, policy, backend, accelerator, model, optimizer, scheduler, tokenizer, data,
-              StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
-                         policy.pin_memory),
-              InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split), loss_fn, out, steps, flops=flops,
-              peak=peak, save_final=save_final, loaded=loaded.read, split=split)
+    stream = StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
+                        policy.pin_memory)
+    run = Run(cfg=cfg, policy=policy, backend=backend, accelerator=accelerator,
+              state=TrainState(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer=tokenizer),
+              data=data, stream=stream, evaluator=InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split),
+              loss_fn=loss_fn, out=out, steps=steps, loaded=loaded.read, flops=flops, peak=peak, save_final=save_final,
+              split=split)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
-        state = load_checkpoint(backend, accelerator, resume_from, model, optimizer, scheduler)
-        run.start, run.skipped_before = state["step"], state.get("skipped_steps", 0)
+        saved = load_checkpoint(backend, accelerator, resume_from, run.state)
+        run.start, run.skipped_before = saved["step"], saved.get("skipped_steps", 0)
         say(f"[anyfit] resumed from {resume_from} at step {run.start} of {steps}")
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
-                      describe_run(policy, backend.reason, plan, steps, data.report, loaded.trainable,
-                                   loaded.total) | {"mfu": peak.as_dict()}
+                      describe_run(policy, backend.reason, plan, steps, data.report, trainable=loaded.trainable,
+                                   total=loaded.total) | {"mfu": peak.as_dict()}
                       | ({"packing": packing.as_dict()} if packing else {}))
-    try:
-        start_trackers(accelerator, trackers, out.resolve().name, cfg.to_dict())
-        return run_steps(run, say)  # closes the trackers at its end
-    except BaseException as error:
-        finish_failed_trackers(accelerator, error)
-        raise
+    return run
 
 
 def run_steps(run: Run, say=print) -> TrainResult:
@@ -217,7 +218,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
     Kept whole: the training loop is meant to be read top to bottom (window, backward, guarded
     step, metrics, evaluation, checkpoint, stop); each of those is a small tested function it calls.
     """
-    cfg, acc, model, optimizer = run.cfg, run.accelerator, run.model, run.optimizer
+    cfg, acc, model, optimizer = run.cfg, run.accelerator, run.state.model, run.state.optimizer
     result = TrainResult(run.out, run.steps)
     log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
@@ -237,29 +238,31 @@ def run_steps(run: Run, say=print) -> TrainResult:
             result.evals.append(record)
             say(f"[anyfit] eval at step {done}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
 
-    checkpoints = Checkpointer(run.backend, acc, run.out, cfg, (model, optimizer, run.scheduler, run.tokenizer),
-                               guard, run.steps, steps_per_epoch, say)
+    checkpoints = Checkpointer(run.backend, acc, run.out, cfg, state=run.state, guard=guard, total_steps=run.steps,
+                               steps_per_epoch=steps_per_epoch, say=say)
     if run.start == 0:
         evaluate(0)
     done = run.start
-    watched = ProfiledRun(cfg, run.policy, acc, model, optimizer, sampler, run.data.report, run.out, run.start,
-                          run.backend.sharded, run.flops, run.peak)
+    watched = ProfiledRun(cfg=cfg, policy=run.policy, accelerator=acc, model=model, optimizer=optimizer,
+                          sampler=sampler, report=run.data.report, out=run.out, start=run.start,
+                          sharded=run.backend.sharded, flops=run.flops, peak=run.peak)
     with StopOnSignal() as stop, profiled(watched, say) as profiler:  # runtime.profile: a no-op unless set
         for step in range(run.start, run.steps):
-            loss_sum, indices, window_tokens = backward_with_retry(run.backend, acc, model, optimizer, run.stream,
-                                                                   step, run.loss_fn, run.policy.device, say)
+            window = backward_with_retry(run.backend, acc, model, optimizer, run.stream, step, run.loss_fn,
+                                         run.policy.device, say)
             with record_function("anyfit.optimizer"):  # clip, step unless non-finite (the backend's update)
-                grad_norm, finite = run.backend.update(acc, model, optimizer, loss_sum, max_norm,
+                grad_norm, finite = run.backend.update(acc, model, optimizer, window.loss_sum, max_norm,
                                                        run.policy.precision)
-                run.scheduler.step()
+                run.state.scheduler.step()
                 optimizer.zero_grad(set_to_none=True)
             done = step + 1
             guard.add(finite)
             # a sequence-parallel group shares its examples: one of its processes counts their tokens and FLOPs
             counts = run.split.counts()
-            meter.add(loss_sum, finite, window_tokens,
-                      counts * sum(len(run.data.examples[i]["input_ids"]) for idx in indices for i in idx),
-                      run.flops.of_window(sampler.lengths, sampler.trainable, indices) if run.flops and counts else 0.0)
+            real = counts * sum(len(run.data.examples[i]["input_ids"]) for idx in window.indices for i in idx)
+            flops = (run.flops.of_window(sampler.lengths, sampler.trainable, window.indices)
+                     if run.flops and counts else 0.0)
+            meter.add(window.loss_sum, finite, window.trainable_tokens, real_tokens=real, flops=flops)
             bar.update(1)
             log_now = done % cfg.train.log_every == 0 or done == run.steps
             if log_now:
@@ -268,7 +271,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
                 kept = complete_checkpoints(run.out)  # listed, not verified: nothing may hide the diagnosis
                 raise TrainingDiverged(diagnosis(cfg, run.policy, done, str(kept[-1]) if kept else None))
             if log_now:
-                record = meter.line(acc, run.policy.device, step=done, lr=float(run.scheduler.get_last_lr()[0]),
+                record = meter.line(acc, run.policy.device, step=done, lr=float(run.state.scheduler.get_last_lr()[0]),
                                     grad_norm=round(float(grad_norm), 6), epoch=round(step / steps_per_epoch, 4),
                                     skipped_steps=guard.skipped, micro_batch=run.stream.plan.micro_batch)
                 log.write(record)
@@ -293,7 +296,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
     elif run.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
-        stops = save_final_model(run.backend, acc, model, run.tokenizer, run.out, cfg.model)
+        stops = save_final_model(run.backend, acc, model, run.state.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
         if stops:
@@ -305,5 +308,5 @@ def run_steps(run: Run, say=print) -> TrainResult:
             say(f"[anyfit] warning: loss.png was not written ({e.strerror or e}); draw it later with anyfit plot "
                 f"{run.out}")
     acc.end_training()  # closes the trackers
-    result.model, result.tokenizer = acc.unwrap_model(model), run.tokenizer
+    result.model, result.tokenizer = acc.unwrap_model(model), run.state.tokenizer
     return result

@@ -38,7 +38,8 @@ from anyfit.planning.memory import activation_bytes, estimate_memory, optimizer_
 from anyfit.planning.presets import PRESETS, Target, custom_target, targets_from_args
 from anyfit.planning.recommend import recommend_sharding
 from anyfit.planning.report import plan_dict, plan_report
-from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup, config_overrides
+from anyfit.planning.savers import config_overrides
+from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup
 from anyfit.planning.time import communication_seconds, flops_per_token, sequence_exchange_seconds, step_time
 from anyfit.units import GIB
 
@@ -680,9 +681,9 @@ def test_the_cheapest_saver_that_fits_is_chosen():
     mac = plan_target(config("data.max_length=4096"), small, PRESETS["m-36"])
     assert mac.verdict == "fits with checkpointing every 4 layers" and mac.setup.checkpoint_every == 4
     # Every choice is estimated faster than the other savers that fit (what "cheapest" means here).
-    from anyfit.planning.ladder import _Planner
+    from anyfit.planning.ladder import Planner
 
-    planner = _Planner(config("data.max_length=2048"), small, PRESETS["t4"], SAFETY, None, 2048)
+    planner = Planner(config("data.max_length=2048"), small, PRESETS["t4"], SAFETY, None, 2048)
     fitting = [planner.fit(o) for o in planner.options("full", 0, 1) if o.tier == (0, 0)]
     times = [planner.seconds(f[0]) for f in fitting if f]
     assert len(times) > 1 and planner.seconds(t4.setup) == min(times)

@@ -13,7 +13,14 @@ from safetensors.torch import save_file
 from anyfit.backends.replicated import Replicated
 from anyfit.config import ConfigError, ModelConfig
 from anyfit.model.source import BASE_RECORD, portable_base, record_base
-from anyfit.training.checkpoints.checkpoint import load_checkpoint, prune, rng_state, save_checkpoint, save_model
+from anyfit.training.checkpoints.checkpoint import (
+    TrainState,
+    load_checkpoint,
+    prune,
+    rng_state,
+    save_checkpoint,
+    save_model,
+)
 from anyfit.training.checkpoints.integrity import MANIFEST, checkpoint_problem, complete_checkpoints, resolve_resume, write_manifest
 
 
@@ -185,10 +192,11 @@ def _linear_checkpoint(tmp_path):
                                           ("rng_state_0.pt", truncate), ("trainer_state.json", truncate)])
 def test_loading_a_damaged_file_is_a_config_error_naming_it(tmp_path, name, damage):
     ck, model, opt, sched = _linear_checkpoint(tmp_path)
-    assert load_checkpoint(REPLICATED, OneProcess(), ck, model, opt, sched)["step"] == 2  # intact: loads
+    state = TrainState(model=model, optimizer=opt, scheduler=sched)
+    assert load_checkpoint(REPLICATED, OneProcess(), ck, state)["step"] == 2  # intact: loads
     damage(ck / name)
     with pytest.raises(ConfigError) as e:
-        load_checkpoint(REPLICATED, OneProcess(), ck, model, opt, sched)
+        load_checkpoint(REPLICATED, OneProcess(), ck, state)
     assert str(ck / name) in str(e.value) and "\n" not in str(e.value)
 
 
@@ -207,7 +215,8 @@ def test_save_checkpoint_writes_the_manifest_last(tiny_llama_dir, tmp_path):
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
     cfg = ModelConfig(name_or_path=str(tiny_llama_dir))
-    ck = save_checkpoint(REPLICATED, OneProcess(), tmp_path, 3, model, opt, sched, None, "a: 1\n", {"epoch": 0}, 2, cfg)
+    ck = save_checkpoint(REPLICATED, OneProcess(), tmp_path, 3, TrainState(model=model, optimizer=opt, scheduler=sched),
+                         config_yaml="a: 1\n", trainer_state={"epoch": 0}, keep_last=2, model_cfg=cfg)
     assert ck == tmp_path / "checkpoint-3" and not list(tmp_path.glob(".tmp-*"))
     files = json.loads((ck / MANIFEST).read_text())["files"]
     assert set(files) == {p.name for p in ck.iterdir()} - {MANIFEST}

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from anyfit.config import ConfigError, load_config
-from anyfit.backends.fsdp import FSDP2, optimizer_by_name
-from anyfit.backends.replicated import Replicated
+from anyfit.backends.fsdp import FSDP2
+from anyfit.backends.replicated import Replicated, optimizer_by_name
 from anyfit.backends.zero3 import ZeRO3
 from anyfit.training.checkpoints import start
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import random
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from anyfit.backends import Backend
+from anyfit.backends import Backend, load_states
 from anyfit.backends.reading import damaged, torch_load
 from anyfit.data.stopping import write_generation_config
 from anyfit.durable import follow_umask
@@ -32,7 +33,7 @@ from anyfit.runfolder import (
     checkpoint_dirs,
     checkpoint_step,
 )
-from anyfit.training.checkpoints.integrity import STATE, checkpoint_problem, write_manifest
+from anyfit.training.checkpoints.integrity import SCHEDULER, STATE, checkpoint_problem, write_manifest
 from anyfit.training.checkpoints.disk import (
     agreed,
     bytes_to_write,
@@ -42,6 +43,17 @@ from anyfit.training.checkpoints.disk import (
     room_problem,
     write_failure,
 )
+
+
+@dataclass(frozen=True)
+class TrainState:
+    """What a checkpoint saves of a run and restores into it: the objects the loop steps, as the backend
+    wrapped them (``Backend.wrap``), and the tokenizer saved beside the weights (None: none)."""
+
+    model: torch.nn.Module
+    optimizer: Any
+    scheduler: Any
+    tokenizer: Any = None
 
 
 def rng_state() -> dict[str, Any]:
@@ -80,10 +92,10 @@ class Checkpointer:
     written then), and at a stop. A failed write mid-run is a warning and training goes on; at a stop, where the
     steps since the last checkpoint would be lost, it ends the run."""
 
-    def __init__(self, backend: Backend, accelerator, out: Path, cfg, objects: tuple, guard, total_steps: int,
+    def __init__(self, backend: Backend, accelerator, out: Path, cfg, *, state: TrainState, guard, total_steps: int,
                  steps_per_epoch: int, say=print):
         self.backend, self.accelerator, self.out, self.cfg, self.say = backend, accelerator, out, cfg, say
-        self.model, self.optimizer, self.scheduler, self.tokenizer = objects
+        self.state = state
         self.guard, self.total_steps, self.steps_per_epoch = guard, total_steps, steps_per_epoch
 
     def due(self, step: int) -> bool:
@@ -95,12 +107,12 @@ class Checkpointer:
         if not (last or self.due(step)):
             return None
         self.guard.flush()  # the count of skipped steps is part of the checkpoint
-        state = {"epoch": (step - 1) // self.steps_per_epoch, "total_steps": self.total_steps,
-                 "skipped_steps": self.guard.skipped}
+        trainer_state = {"epoch": (step - 1) // self.steps_per_epoch, "total_steps": self.total_steps,
+                         "skipped_steps": self.guard.skipped}
         try:
-            return save_checkpoint(self.backend, self.accelerator, self.out, step, self.model, self.optimizer,
-                                   self.scheduler, self.tokenizer, self.cfg.to_yaml(), state,
-                                   self.cfg.train.keep_last, self.cfg.model)
+            return save_checkpoint(self.backend, self.accelerator, self.out, step, self.state,
+                                   config_yaml=self.cfg.to_yaml(), trainer_state=trainer_state,
+                                   keep_last=self.cfg.train.keep_last, model_cfg=self.cfg.model)
         except NotWritten as e:
             if last:
                 raise
@@ -109,13 +121,14 @@ class Checkpointer:
             return None
 
 
-def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, model, optimizer, scheduler, tokenizer,
-                    config_yaml: str, trainer_state: dict[str, Any], keep_last: int, model_cfg=None) -> Path:
-    """Write ``checkpoint-<step>`` (collective). Raises ``NotWritten`` on every process alike when the disk has no
-    room for it or a write fails: the temporary folder is removed, earlier checkpoints are untouched."""
+def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, state: TrainState, *, config_yaml: str,
+                    trainer_state: dict[str, Any], keep_last: int, model_cfg=None) -> Path:
+    """Write ``checkpoint-<step>`` of ``state`` (collective), with the run's config and ``trainer_state``; keeps
+    the newest ``keep_last``. Raises ``NotWritten`` on every process alike when the disk has no room for it or a
+    write fails: the temporary folder is removed, earlier checkpoints are untouched."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = output_dir / f"{TMP_CHECKPOINT_PREFIX}{step}"
-    need = bytes_to_write(model, optimizer)
+    need = bytes_to_write(state.model, state.optimizer)
     problem = None
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -124,8 +137,7 @@ def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, 
     problem = agreed(accelerator, problem)
     if problem is None:
         problem = agreed(accelerator, _attempt(lambda: _write_checkpoint(
-            backend, accelerator, tmp, model, optimizer, scheduler, tokenizer, config_yaml, model_cfg),
-            output_dir, need))
+            backend, accelerator, tmp, state, config_yaml, model_cfg), output_dir, need))
     if problem is None and accelerator.is_main_process:
         problem = _attempt(lambda: _finish_checkpoint(tmp, final, {**trainer_state, "step": step}), output_dir, need)
     problem = agreed(accelerator, problem)
@@ -150,14 +162,14 @@ def _attempt(write, folder: Path, need: int) -> str | None:
     return None
 
 
-def _write_checkpoint(backend: Backend, accelerator, tmp: Path, model, optimizer, scheduler, tokenizer,
-                      config_yaml: str, model_cfg) -> None:
-    """Every file of a checkpoint but its state and manifest, into ``tmp`` (collective)."""
-    backend.save_states(accelerator, model, optimizer, tmp,
-                        save_weights=lambda: save_model(backend, accelerator, model, tokenizer, tmp, model_cfg))
+def _write_checkpoint(backend: Backend, accelerator, tmp: Path, state: TrainState, config_yaml: str,
+                      model_cfg) -> None:
+    """Every file of a checkpoint but its trainer state and manifest, into ``tmp`` (collective)."""
+    backend.save_states(accelerator, state.model, state.optimizer, tmp, save_weights=lambda: save_model(
+        backend, accelerator, state.model, state.tokenizer, tmp, model_cfg))
     torch.save(rng_state(), tmp / f"rng_state_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
-        torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
+        torch.save(state.scheduler.state_dict(), tmp / SCHEDULER)
         scaler = getattr(accelerator, "scaler", None)
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
@@ -203,13 +215,13 @@ def prune(output_dir: Path, keep_last: int) -> None:
             shutil.rmtree(old, ignore_errors=True)
 
 
-def load_checkpoint(backend: Backend, accelerator, directory: Path, model, optimizer, scheduler) -> dict[str, Any]:
-    """Restore everything a checkpoint holds into the prepared objects; returns its trainer state.
+def load_checkpoint(backend: Backend, accelerator, directory: Path, state: TrainState) -> dict[str, Any]:
+    """Restore everything a checkpoint holds into ``state`` (its tokenizer aside); returns its trainer state.
     A file that cannot be read is a ConfigError naming it (resolve_resume has normally caught it already).
-    The model and optimizer states are the backend's to read, from whichever layout wrote them
-    (``anyfit.backends``)."""
-    backend.load_states(accelerator, model, optimizer, directory)
-    scheduler.load_state_dict(torch_load(directory / "scheduler.pt"))
+    The model and optimizer states are read by the backend that wrote them, into ``backend``'s layout
+    (``anyfit.backends.load_states``)."""
+    load_states(backend, accelerator, state.model, state.optimizer, directory)
+    state.scheduler.load_state_dict(torch_load(directory / SCHEDULER))
     scaler = getattr(accelerator, "scaler", None)
     if scaler is not None and (directory / "scaler.pt").is_file():
         scaler.load_state_dict(torch_load(directory / "scaler.pt"))

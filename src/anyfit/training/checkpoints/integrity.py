@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import Callable
 
 from anyfit import durable
+from anyfit.backends import unlisted_states
 from anyfit.config import ConfigError
 from anyfit.durable import HASH, MANIFEST
-from anyfit.runfolder import DEEPSPEED_DIR, SHARDED_DIR, checkpoint_dirs
+from anyfit.runfolder import checkpoint_dirs
 
 STATE = "trainer_state.json"
-# Files every unsharded checkpoint has, besides at least one .safetensors file (see _unlisted for sharded ones).
-REQUIRED = (STATE, "optimizer.pt", "scheduler.pt")
+SCHEDULER = "scheduler.pt"
+# Files a checkpoint from before manifests has besides its *.safetensors (replicated: sharded ones always had one).
+REQUIRED = (STATE, "optimizer.pt", SCHEDULER)
 
 
 def complete_checkpoints(output_dir: Path, full: bool = False) -> list[Path]:
@@ -42,15 +44,9 @@ def write_manifest(directory: Path) -> None:
 
 
 def _unlisted(names: set[str]) -> list[str]:
-    """The parts every checkpoint has that a manifest does not list. A sharded run keeps its weights and
-    optimizer state under sharded/ (torch.distributed.checkpoint), a DeepSpeed one under deepspeed/ (the engine's
-    files), instead of *.safetensors and optimizer.pt."""
-    if any(name.startswith((f"{SHARDED_DIR}/", f"{DEEPSPEED_DIR}/")) for name in names):
-        return [name for name in (STATE, "scheduler.pt") if name not in names]
-    unlisted = [name for name in REQUIRED if name not in names]
-    if not any(name.endswith(".safetensors") for name in names):
-        unlisted.append("the weights (*.safetensors)")
-    return unlisted
+    """The parts every checkpoint has that a manifest does not list: anyfit's own files, then the model and
+    optimizer states as the backend that wrote them lays them out (``anyfit.backends.unlisted_states``)."""
+    return [name for name in (STATE, SCHEDULER) if name not in names] + unlisted_states(names)
 
 
 def checkpoint_problem(directory: Path, full: bool = True) -> str | None:
