@@ -32,11 +32,11 @@ def built_op():
 
 
 @pytest.fixture(scope="module")
-def zero3_two(tiny_llama_dir, tmp_path_factory) -> tuple[Path, str]:
+def zero3_two(small_llama_dir, tmp_path_factory) -> tuple[Path, str]:
     """A complete ZeRO-3 run on two processes: (its output folder, its log)."""
     tmp = tmp_path_factory.mktemp("zero3")
     out = tmp / "out"
-    return out, launch(run_config(tmp, tiny_llama_dir), out, 2, "runtime.sharding=deepspeed")
+    return out, launch(run_config(tmp, small_llama_dir), out, 2, "runtime.sharding=deepspeed")
 
 
 def test_zero3_on_two_processes_matches_the_unsharded_run(zero3_two, unsharded):
@@ -66,7 +66,7 @@ def test_zero3_on_two_processes_matches_the_unsharded_run(zero3_two, unsharded):
     AutoModelForCausalLM.from_pretrained(out)
 
 
-def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, tmp_path):
+def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, small_llama_dir, tmp_path):
     """The engine's partitions and optimizer states under checkpoint-4/deepspeed/, anyfit's scheduler, RNG and
     data position beside them: the continued run is the uninterrupted one, bit for bit."""
     written, _ = zero3_two
@@ -74,7 +74,7 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, t
     out.mkdir()
     shutil.copytree(written / "checkpoint-4", out / "checkpoint-4")
     assert (out / "checkpoint-4" / "deepspeed").is_dir()
-    log = launch(run_config(tmp_path, tiny_llama_dir), out, 2, "runtime.sharding=deepspeed", "train.resume=auto")
+    log = launch(run_config(tmp_path, small_llama_dir), out, 2, "runtime.sharding=deepspeed", "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert losses(out) == losses(written)[4:]
     a, b = final_weights(written), final_weights(out)
@@ -146,9 +146,9 @@ print("RESULT " + json.dumps({"skipped": result.skipped_steps, "losses": result.
 """
 
 
-def test_zero3_with_offload_skips_a_nan_window_and_leaves_an_adapter(tiny_llama_dir, tmp_path):
+def test_zero3_with_offload_skips_a_nan_window_and_leaves_an_adapter(small_llama_dir, tmp_path):
     out = tmp_path / "out"
-    cfg = run_config(tmp_path, tiny_llama_dir, "lora: {enabled: true, dropout: 0.0}")
+    cfg = run_config(tmp_path, small_llama_dir, "lora: {enabled: true, dropout: 0.0}")
     proc = subprocess.run([sys.executable, "-c", _NAN_WINDOW, str(cfg), f"train.output_dir={out}",
                            "runtime.sharding=deepspeed", "runtime.deepspeed_offload=true", "train.max_steps=5"],
                           env=ENV, capture_output=True, text=True, timeout=HANG_S)

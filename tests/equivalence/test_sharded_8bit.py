@@ -8,12 +8,20 @@ import json
 import shutil
 
 import pytest
-from launches import STEPS, launch, losses, run_config
+from launches import STEPS, complete_run, launch, losses, run_config
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
 pytest.importorskip("torchao")
 
 EIGHT_BIT = ("runtime.sharding=fsdp", "train.optimizer=adamw_8bit")
+
+
+@pytest.fixture(scope="module")
+def two_processes(tiny_llama_dir, tmp_path_factory):
+    """AdamW's FSDP2 run on two processes of this module's model: the tiny Llama with Qwen's whole 151k vocabulary,
+    whose embedding is nearly all of its weights (what the share of state bytes below is read on). The other
+    multi-process modules share a reference of a 1,000-token vocabulary."""
+    return complete_run(tmp_path_factory, tiny_llama_dir, "adamw", 2, "fsdp")[0]
 
 
 @pytest.fixture(scope="module")

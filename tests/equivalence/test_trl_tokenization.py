@@ -94,6 +94,7 @@ def assert_same(ours: list[dict], theirs: list[dict], tokenizer) -> None:
         assert any(label != IGNORE_INDEX for label in a["labels"])  # each record trains on something
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train_on", ["completion", "all"])
 def test_prompt_completion_strings(tokenizer, tmp_path, train_on):
     ours, _ = tokenize_dataset(PROMPT_COMPLETION, tokenizer, DataConfig(template="trl", train_on=train_on))
@@ -101,6 +102,7 @@ def test_prompt_completion_strings(tokenizer, tmp_path, train_on):
     assert_same(ours, theirs, tokenizer)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("train_on", ["completion", "all"])
 def test_conversational_prompt_completion(tokenizer, tmp_path, train_on):
     cfg = DataConfig(template="trl", train_on=train_on)
@@ -110,11 +112,13 @@ def test_conversational_prompt_completion(tokenizer, tmp_path, train_on):
     assert_same(ours, theirs, tokenizer)
 
 
+@pytest.mark.slow
 def test_messages_train_every_token_like_trls_default(tokenizer, tmp_path):
     ours, _ = tokenize_dataset(MESSAGES, tokenizer, DataConfig(template="trl", train_on="all"))
     assert_same(ours, trl_rows(tokenizer, MESSAGES, tmp_path), tokenizer)
 
 
+@pytest.mark.slow
 def test_messages_assistant_only_like_trls_assistant_only_loss(tokenizer, tmp_path):
     from trl.chat_template_utils import get_training_chat_template
 
@@ -129,6 +133,7 @@ def test_messages_assistant_only_like_trls_assistant_only_loss(tokenizer, tmp_pa
     assert_same(ours, trl_rows(tokenizer, MESSAGES, tmp_path, assistant_only_loss=True), tokenizer)
 
 
+@pytest.mark.slow
 def test_text(tokenizer, tmp_path):
     ours, _ = tokenize_dataset(TEXT, tokenizer, DataConfig(template="trl"))
     assert_same(ours, trl_rows(tokenizer, TEXT, tmp_path), tokenizer)
@@ -154,6 +159,7 @@ TOOL_AND_REASONING = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen-2.5", "qwen-3"])
 @pytest.mark.parametrize("train_on", ["completion", "all"])
 def test_tool_calls_and_reasoning_like_trl(real_tokenizer_dir, tmp_path, name, train_on):

@@ -19,6 +19,7 @@ def _cfg(model_dir, data, out, *extra):
                               "train.seed=0", "train.log_every=1", *extra])
 
 
+@pytest.mark.slow
 def test_auto_micro_batch_is_measured_and_keeps_the_effective_batch(tiny_llama_dir, tmp_path, capsys):
     data = write_dataset(tmp_path / "d.jsonl")
     train(_cfg(tiny_llama_dir, data, tmp_path / "a", "train.micro_batch=auto"))
@@ -28,12 +29,14 @@ def test_auto_micro_batch_is_measured_and_keeps_the_effective_batch(tiny_llama_d
     assert metrics[0]["micro_batch"] == 8
 
 
+@pytest.mark.slow
 def test_auto_respects_a_small_budget(tiny_llama_dir, tmp_path, capsys):
     data = write_dataset(tmp_path / "d.jsonl")
     train(_cfg(tiny_llama_dir, data, tmp_path / "a", "train.micro_batch=auto", "runtime.memory_fraction=0.00001"))
     assert "micro_batch=auto chose 1" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_oom_halves_micro_batch_and_redoes_the_step(tiny_llama_dir, tmp_path, capsys):
     data = write_dataset(tmp_path / "d.jsonl")
 

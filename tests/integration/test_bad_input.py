@@ -124,6 +124,7 @@ CASES = ["config_missing", "config_not_yaml", "config_a_list", "config_typo_key"
          "resume_not_a_checkpoint"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CASES)
 def test_broken_input_is_one_clear_line(name, tiny_llama_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on this machine: no hub, and no 30 s of retries either

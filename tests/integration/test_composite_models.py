@@ -133,6 +133,7 @@ def run(model_dir: Path, tmp_path: Path, *extra: str):
     return train(cfg, echo=lambda *a: None)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_a_full_fine_tune_keeps_the_composite_whole(model_type, composite, tmp_path):
     src = composite(model_type)

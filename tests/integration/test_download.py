@@ -169,6 +169,7 @@ def fake_hub():
     server.shutdown()
 
 
+@pytest.mark.slow
 def test_download_flow_against_a_fake_hub(tmp_path, fake_hub):
     env = {"HF_ENDPOINT": fake_hub, "HF_HOME": str(tmp_path / "hf"), "NO_PROXY": "127.0.0.1", "no_proxy": "127.0.0.1",
            "HF_HUB_DISABLE_XET": "1"}

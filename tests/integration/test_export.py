@@ -83,6 +83,7 @@ def lora_run(tmp_path_factory, small_llama_dir) -> Path:
 # Merged folders
 
 
+@pytest.mark.slow
 def test_full_fine_tune_exports_fp32_with_the_same_logits(full_run, tmp_path, capsys):
     out = tmp_path / "exports" / "new" / "exported"  # missing folders above --out are created
     assert main(["export", str(full_run), "--out", str(out), "--dtype", "fp32"]) == 0

@@ -45,6 +45,7 @@ def deep_llama_dir(tmp_path_factory, qwen_small_tokenizer_dir):
     return save_tiny(tmp_path_factory.mktemp("deep_llama"), qwen_small_tokenizer_dir, "llama", num_hidden_layers=6)
 
 
+@pytest.mark.slow
 def test_profile_writes_a_trace_breakdown_memory_and_mfu(good):
     profile, out = good
     (trace,) = profile["traces"]

@@ -3,9 +3,12 @@ SmolLM2 takes minutes here; the notebook run in CI covers it)."""
 
 import json
 
+import pytest
+
 from anyfit.cli import main
 
 
+@pytest.mark.slow
 def test_quickstart_small_with_a_given_model_scores_trains_and_leaves_an_adapter(tiny_llama_dir, tmp_path, capsys):
     out = tmp_path / "qs"
     rc = main(["quickstart", "--model", str(tiny_llama_dir), "--output-dir", str(out), "--eval-problems", "2",

@@ -65,6 +65,7 @@ def _nan_at(steps: set[int]):
 
 
 
+@pytest.mark.slow
 def test_nonfinite_steps_are_skipped(tiny_qwen2_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl")
     cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"data.path={data}", "data.template=plain",
@@ -78,6 +79,7 @@ def test_nonfinite_steps_are_skipped(tiny_qwen2_dir, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_persistent_nonfinite_stops_with_a_diagnosis(tiny_qwen2_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl")
     cfg = load_config(None, [f"model.name_or_path={tiny_qwen2_dir}", f"data.path={data}", "data.template=plain",
@@ -92,6 +94,7 @@ def test_persistent_nonfinite_stops_with_a_diagnosis(tiny_qwen2_dir, tmp_path):
     assert "checkpoint-6" in msg and (tmp_path / "o" / "checkpoint-6" / "trainer_state.json").exists()
 
 
+@pytest.mark.slow
 def test_resume_auto_skips_a_damaged_newest_checkpoint(tiny_llama_dir, tmp_path, capsys):
     """The newest checkpoint cut short (a full disk, a copy interrupted): resume=auto names it, takes the one
     before and finishes the run."""

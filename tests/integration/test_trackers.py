@@ -115,6 +115,7 @@ def _wandb_run(path) -> tuple[str, dict, dict, int | None]:
     return run_project, history, logged_config, exit_code
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_holds_the_metrics_lines_and_config(tiny_qwen2_dir, tmp_path, wandb_offline):
     lines, config = _tiny_run(tiny_qwen2_dir, tmp_path, "wandb")
     files = list(wandb_offline.rglob("offline-run-*/run-*.wandb"))
@@ -127,6 +128,7 @@ def test_wandb_offline_run_holds_the_metrics_lines_and_config(tiny_qwen2_dir, tm
     assert run_project == "run" and exit_code == 0  # the run is named after the output folder and was finished
 
 
+@pytest.mark.slow
 def test_mlflow_local_store_holds_the_metrics_lines_and_config(tiny_qwen2_dir, tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
@@ -164,6 +166,7 @@ def test_trackio_local_database_holds_the_metrics_lines_and_config(tiny_qwen2_di
     assert {k: logged_config[k] for k in config} == config
 
 
+@pytest.mark.slow
 def test_wandb_without_login_or_offline_mode_fails_at_once_instead_of_asking(tiny_qwen2_dir, tmp_path):
     """At a terminal, wandb with no credentials and no WANDB_MODE asks for an API key and waits for an answer (once
     the model is loaded); anyfit says what to do in one line instead, before loading anything."""
@@ -196,6 +199,7 @@ def test_wandb_without_login_or_offline_mode_fails_at_once_instead_of_asking(tin
     assert "Enter your choice" not in text and "[anyfit] model:" not in text  # no prompt; nothing was loaded
 
 
+@pytest.mark.slow
 def test_a_failed_run_closes_its_trackers_so_the_next_run_in_the_process_gets_its_own(tiny_qwen2_dir, tmp_path,
                                                                                     wandb_offline, mlflow_store):
     """Left open by a failure, wandb hands its run to the next ``wandb.init`` (the next run's metrics and config

@@ -18,6 +18,7 @@ from anyfit.config import load_config
 from anyfit.training.loop import train
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [False, True, "qlora"], ids=["full", "lora", "qlora"])
 def test_loss_goes_down_and_output_reloads(lora, tiny_llama_dir, tmp_path):
     """QLoRA too, on the CPU (bitsandbytes' 4-bit CPU kernels): the path CUDA runs, loading through reloading."""
@@ -65,6 +66,7 @@ def test_loss_goes_down_and_output_reloads(lora, tiny_llama_dir, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_checkpoints_are_complete_and_pruned(tiny_qwen2_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl")
     out = tmp_path / "out"
@@ -88,6 +90,7 @@ def test_checkpoints_are_complete_and_pruned(tiny_qwen2_dir, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_evaluation_during_training(tiny_qwen2_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl", n=20)
     cfg = config_for(tiny_qwen2_dir, data, tmp_path / "out", "train.effective_batch=4", "train.micro_batch=2",

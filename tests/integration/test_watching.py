@@ -17,6 +17,7 @@ def _png(path) -> bool:
     return path.is_file() and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000
 
 
+@pytest.mark.slow
 def test_tensorboard_gets_the_metrics_lines_and_the_run_draws_its_curves(tiny_qwen2_dir, tmp_path, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

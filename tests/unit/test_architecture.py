@@ -112,6 +112,7 @@ def test_every_module_is_on_a_floor():
         floor_of(name)
 
 
+@pytest.mark.slow
 def test_imports_point_down():
     upward = []
     for imp in all_imports():

@@ -191,6 +191,7 @@ def test_hub_answers_on_data_sets_become_one_line_errors(fake_hub, name, expecte
         assert str(e.value).startswith(expected) and "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_data_set_offline_unreachable_or_cached(tmp_path, dropping_port):
     offline = run_check(tmp_path, "openai/gsm8k", "check_dataset_id", HF_DATASETS_OFFLINE="1")
     assert offline["error"].startswith("data.path: offline (HF_HUB_OFFLINE or HF_DATASETS_OFFLINE is set) and "

@@ -102,6 +102,7 @@ def test_legacy_function_call_and_sharegpt_tool_spellings(tok):
     assert a == b == c == d
 
 
+@pytest.mark.slow
 def test_templates_that_cannot_render_tools_refuse_in_one_line(tok):
     with pytest.raises(DataError) as e:  # GLM-4's template takes no tools argument
         rows([{"messages": TOOL_CHAT, "tools": WEATHER}], tok("glm-4"))

@@ -51,6 +51,7 @@ def test_each_source_has_its_own_settings_over_data(tmp_path, two_sources):
     assert m.max_length == c.max_length == 99 and not m.mix and not c.mix
 
 
+@pytest.mark.slow
 def test_the_epoch_is_drawn_by_weight_the_same_way_every_time(tmp_path, two_sources, tokenizer):
     math, chat = two_sources
     cfg = mix_config(tmp_path, math, chat, "train.seed=3")
@@ -101,6 +102,7 @@ def test_bad_mixtures_are_one_line(tmp_path, two_sources, extra, message):
             load_config(None, extra)
 
 
+@pytest.mark.slow
 def test_a_run_trains_on_a_mixture(tmp_path, two_sources, tiny_llama_dir):
     from anyfit.training.loop import train
 

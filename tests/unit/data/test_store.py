@@ -64,6 +64,7 @@ CASES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_store_holds_exactly_what_tokenize_dataset_makes(case, tokenizer, tmp_path):
     """Batches of 1,024 records (three here, the last one short) against the whole set tokenized at once."""
@@ -79,6 +80,7 @@ def test_the_store_holds_exactly_what_tokenize_dataset_makes(case, tokenizer, tm
     assert got.trainable.tolist() == [sum(t != -100 for t in e["labels"]) for e in expected]
 
 
+@pytest.mark.slow
 def test_conversations_and_pretokenized_records(tokenizer, tmp_path):
     chats = [{"messages": [{"role": "user", "content": f"hi {i}"}, {"role": "assistant", "content": "x " * (i % 9 + 1)},
                            {"role": "user", "content": "more"}, {"role": "assistant", "content": f"{i}"}]}
@@ -93,6 +95,7 @@ def test_conversations_and_pretokenized_records(tokenizer, tmp_path):
         assert list(got) == expected, name
 
 
+@pytest.mark.slow
 def test_an_unchanged_input_reuses_the_store_and_a_changed_one_never_does(tokenizer, tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", problems(50))
     cfg = data_cfg(path, tmp_path, "data.template=plain")

@@ -250,6 +250,7 @@ def test_a_glob_and_a_csv_through_the_command_line(tiny_llama_dir, tmp_path, mon
     assert not (tmp_path / "out2").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.slow  # ~8 s: tracemalloc slows every allocation
 def test_streaming_memory_is_bounded_by_a_batch(tmp_path):
     """200,000 lines (~48 MB) streamed in batches of 1,024: the traced peak is a small fraction of the file."""

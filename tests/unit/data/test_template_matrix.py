@@ -355,6 +355,7 @@ def test_template_options_for_the_run_and_per_record(tok):
     assert qwen3.decode(ids) == prompt
 
 
+@pytest.mark.slow
 def test_a_chat_template_file_or_text_replaces_the_tokenizers(tok, tmp_path):
     import copy
 

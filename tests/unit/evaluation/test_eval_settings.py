@@ -32,6 +32,7 @@ def knobs(summary: dict) -> tuple:
     return summary["params"]["max_new_tokens"], summary["batch_size"]
 
 
+@pytest.mark.slow
 def test_yaml_values_and_flags(tiny_llama_dir, eval_data, tmp_path):
     yaml = tmp_path / "eval.yaml"
     yaml.write_text(f"data:\n  path: {eval_data}\n  template: plain\n  fields: {{prompt: problem, answer: answer}}\n"
@@ -45,6 +46,7 @@ def test_yaml_values_and_flags(tiny_llama_dir, eval_data, tmp_path):
     assert knobs(run_eval(tmp_path, yaml, "--model", tiny_llama_dir, "--batch-size", "auto")) == (3, "auto")
 
 
+@pytest.mark.slow
 def test_a_training_runs_config_and_the_defaults(tiny_llama_dir, eval_data, tmp_path, capsys, monkeypatch):
     # A training output folder: the model plus the run's config.yaml, whose eval.* settings eval adopts.
     run = tmp_path / "run"

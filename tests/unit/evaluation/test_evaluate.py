@@ -152,6 +152,7 @@ def test_generation_eval_on_a_loaded_model(tiny_llama_dir, qwen_tokenizer, tmp_p
     assert model.training
 
 
+@pytest.mark.slow
 def test_cli_eval_and_generate(tiny_llama_dir, tmp_path, capsys):
     data = _jsonl(tmp_path / "test.jsonl", [{"problem": "What is 2+2?", "answer": "4"},
                                             {"problem": "What is 3+3?", "answer": "6"}])

@@ -19,6 +19,8 @@ import json
 import logging
 from pathlib import Path
 
+import pytest
+
 from anyfit.data.answers import gold_answer
 from anyfit.evaluation.answers import extract_answer
 from anyfit.evaluation.grading import grade
@@ -89,6 +91,7 @@ def test_corpus_is_large_and_well_formed():
     assert 0.3 < sum(row["correct"] for row in corpus) / len(corpus) < 0.7  # both kinds of error are tested
 
 
+@pytest.mark.slow
 def test_anyfit_grading_on_the_corpus():
     false_positives, false_negatives = corpus_errors("anyfit")
     assert [(r["prediction"], r["gold"], r["why"]) for r in false_positives] == []
@@ -100,6 +103,7 @@ def summary_line() -> str:
     return f"on {len(load_corpus())} triples FP/FN: " + ", ".join(f"{k} {fp}/{fn}" for k, (fp, fn) in counts.items())
 
 
+@pytest.mark.slow
 def test_report_counts_both_graders():
     print(summary_line())  # shown with pytest -s
     counts = report()

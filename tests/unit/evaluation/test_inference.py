@@ -31,6 +31,7 @@ def tiny(tiny_llama_dir):
     return load_for_inference(tiny_llama_dir, device="cpu")
 
 
+@pytest.mark.slow
 def test_greedy_same_at_batch_1_and_n_and_deterministic(tiny):
     model, tok = tiny
     params = GenerationParams(max_new_tokens=10)
@@ -53,6 +54,7 @@ def test_raw_prompts_skip_the_chat_template(tiny):
     assert backend.generate([ids], GenerationParams(max_new_tokens=4)) == raw
 
 
+@pytest.mark.slow
 def test_stop_strings_cut_and_stop_early(tiny):
     model, tok = tiny
     backend = TransformersBackend(model, tok, batch_size=4)
@@ -77,6 +79,7 @@ def test_stop_strings_cut_and_stop_early(tiny):
     assert len(calls) == cut[0].num_tokens < 12
 
 
+@pytest.mark.slow
 def test_seeded_sampling_is_repeatable_and_leaves_the_rng_alone(tiny):
     model, tok = tiny
     backend = TransformersBackend(model, tok, batch_size=2)
@@ -172,6 +175,7 @@ def lora_dir(tiny_llama_dir, tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_lora_output_dir_loads_base_and_adapter(lora_dir, tiny_llama_dir, tiny):
     from peft import PeftModel
 

@@ -34,6 +34,7 @@ def _returned(mode: str) -> float:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt only (Linux)")
 def test_freed_tensors_leave_the_resident_set_once_the_heap_is_kept_small():
     # pinned: every 4 MiB tensor had its own mapping, unmapped on free (all of it, up to page rounding)

@@ -77,6 +77,7 @@ def test_dequantized_names_the_converted_folder_once(fake_gguf, tmp_path, tiny_l
     assert dequantized(plain) is plain
 
 
+@pytest.mark.slow
 def test_default_cache_dir(fake_gguf, tmp_path, monkeypatch):
     monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path / "root"))
     assert materialize_gguf(fake_gguf.path) == tmp_path / "root" / "Tiny-Q4"

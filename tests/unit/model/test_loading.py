@@ -57,6 +57,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(tiny_qwen2_dir):
     torch.testing.assert_close(grads[0], grads[1])
 
 
+@pytest.mark.slow
 def test_pad_token_is_set_when_missing(tiny_llama_dir, tmp_path):
     from transformers import AutoTokenizer
 

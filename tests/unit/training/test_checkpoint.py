@@ -282,6 +282,7 @@ def fake_gguf(tmp_path, tiny_llama_dir, monkeypatch):
     return path
 
 
+@pytest.mark.slow
 def test_a_gguf_base_is_recorded_as_a_loadable_folder_and_where_it_came_from(fake_gguf, tiny_llama_dir, tmp_path,
                                                                            monkeypatch):
     # (the real SmolLM2 GGUF is converted and recorded by the quickstart in CI's notebook run, .ci/wheel_notebook.sh:

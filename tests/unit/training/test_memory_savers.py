@@ -182,6 +182,7 @@ def _saved_bytes_and_grads(cfg, ids, autocast: bool, wrap=None):
     return loss.detach(), grads, sum(saved)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, autocast", [
     ([], False), ([], True), (["model.gradient_checkpointing=true"], False),
     (["lora.enabled=true", "lora.dropout=0.0"], False),
@@ -281,6 +282,7 @@ def _fused_or_not(tiny_llama_dir, extra, fused: bool, ids, autocast: bool, wrap=
     return loss.detach(), grads
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra, autocast", [([], False), ([], True), (["lora.enabled=true"], False)],
                          ids=["full", "full-autocast", "lora"])
 def test_fused_loss_computes_the_same_loss_and_gradients_without_the_logits(extra, autocast, tiny_llama_dir):
