@@ -18,9 +18,9 @@ from anyfit.training.checkpoints.integrity import checkpoint_problem
 
 
 @pytest.mark.multirun
-def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_blocks_nothing(tiny_llama_dir,
+def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_blocks_nothing(small_llama_dir,
                                                                                             tmp_path):
-    cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
+    cfg = resume_config(tmp_path, small_llama_dir, lora=False)
     out = tmp_path / "run"
     first = start_train(cfg, out, "train.max_steps=100000")  # long enough to be live whatever the machine's speed
     wait_for(lambda: len(metric_steps(out)) >= 2, first)
