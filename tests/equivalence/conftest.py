@@ -32,17 +32,17 @@ def _made_once(tmp_path_factory, name: str, make: Callable[[], Path]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def unsharded(small_llama_dir, tmp_path_factory) -> Path:
+def unsharded(tiny_llama_dir, tmp_path_factory) -> Path:
     """The reference of the multi-process tests: the tiny run on one process, no sharding (the tiny Llama with the
     1,000-token vocabulary: these tests are about the processes, not the head; every process of every launch then
     loads its tokenizer in 0.01 s instead of Qwen's whole 151k in 1.5 s)."""
     return _made_once(tmp_path_factory, "unsharded",
-                      lambda: complete_run(tmp_path_factory, small_llama_dir, "unsharded", 1, "none")[0])
+                      lambda: complete_run(tmp_path_factory, tiny_llama_dir, "unsharded", 1, "none")[0])
 
 
 @pytest.fixture(scope="session")
-def two_processes(small_llama_dir, tmp_path_factory) -> Path:
+def two_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     """A complete FSDP2 run on two processes, one reduce-scatter per window (the reference of the restart test and
     of the reduce-every-micro-batch one)."""
     return _made_once(tmp_path_factory, "two_processes",
-                      lambda: complete_run(tmp_path_factory, small_llama_dir, "two", 2, "fsdp")[0])
+                      lambda: complete_run(tmp_path_factory, tiny_llama_dir, "two", 2, "fsdp")[0])

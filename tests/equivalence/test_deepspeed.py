@@ -32,11 +32,11 @@ def built_op():
 
 
 @pytest.fixture(scope="module")
-def zero3_two(small_llama_dir, tmp_path_factory) -> tuple[Path, str]:
+def zero3_two(tiny_llama_dir, tmp_path_factory) -> tuple[Path, str]:
     """A complete ZeRO-3 run on two processes: (its output folder, its log)."""
     tmp = tmp_path_factory.mktemp("zero3")
     out = tmp / "out"
-    return out, launch(run_config(tmp, small_llama_dir), out, 2, "runtime.sharding=deepspeed")
+    return out, launch(run_config(tmp, tiny_llama_dir), out, 2, "runtime.sharding=deepspeed")
 
 
 def test_zero3_on_two_processes_matches_the_unsharded_run(zero3_two, unsharded):
@@ -66,7 +66,7 @@ def test_zero3_on_two_processes_matches_the_unsharded_run(zero3_two, unsharded):
     AutoModelForCausalLM.from_pretrained(out)
 
 
-def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, small_llama_dir, tmp_path):
+def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, tmp_path):
     """The engine's partitions and optimizer states under checkpoint-4/deepspeed/, anyfit's scheduler, RNG and
     data position beside them: the continued run is the uninterrupted one, bit for bit."""
     written, _ = zero3_two
@@ -74,7 +74,7 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, small_llama_dir, 
     out.mkdir()
     shutil.copytree(written / "checkpoint-4", out / "checkpoint-4")
     assert (out / "checkpoint-4" / "deepspeed").is_dir()
-    log = launch(run_config(tmp_path, small_llama_dir), out, 2, "runtime.sharding=deepspeed", "train.resume=auto")
+    log = launch(run_config(tmp_path, tiny_llama_dir), out, 2, "runtime.sharding=deepspeed", "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert losses(out) == losses(written)[4:]
     a, b = final_weights(written), final_weights(out)
@@ -82,17 +82,17 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, small_llama_dir, 
         assert torch.equal(a[k], b[k]), k
 
 
-def test_a_gguf_model_is_converted_once_and_partitioned_from_safetensors(small_llama_dir, tmp_path):
+def test_a_gguf_model_is_converted_once_and_partitioned_from_safetensors(tiny_llama_dir, tmp_path):
     """transformers' partitioned loading reads a GGUF file whole on every process: anyfit converts it once into
     safetensors (process 0 first, the others reuse the folder) and loads that on process 0 alone. The model has the
     1,000-token vocabulary: transformers rebuilds a GGUF file's tokenizer in Python (20 s for Qwen's 151k)."""
     from anyfit.export.gguf_writer import write_gguf
     from anyfit.model.gguf_cache import is_materialized
 
-    gguf = write_gguf(small_llama_dir, tmp_path / "small-F32.gguf", "f32", echo=lambda *a: None)
+    gguf = write_gguf(tiny_llama_dir, tmp_path / "small-F32.gguf", "f32", echo=lambda *a: None)
     out = tmp_path / "out"
     # the tokenizer from the HF folder: the GGUF file's own is rebuilt by transformers and is not what is compared
-    log = launch(run_config(tmp_path, gguf), out, 2, "runtime.sharding=deepspeed", f"model.tokenizer={small_llama_dir}")
+    log = launch(run_config(tmp_path, gguf), out, 2, "runtime.sharding=deepspeed", f"model.tokenizer={tiny_llama_dir}")
     (line,) = [line for line in log.splitlines() if "GGUF model read from its safetensors conversion" in line]
     converted = Path(line.split()[-1])
     assert is_materialized(converted)
@@ -100,7 +100,7 @@ def test_a_gguf_model_is_converted_once_and_partitioned_from_safetensors(small_l
     assert info["held_per_process"]["loaded_parameters"] == [info["parameters"]["total"], 0]
     # an f32 GGUF holds the weights exactly (Llama's q/k rows permuted, and back): the partitioned run reads the
     # HF folder's own weights, bit for bit, through the loading every ZeRO-3 run uses
-    original, read = load_file(small_llama_dir / "model.safetensors"), load_file(converted / "model.safetensors")
+    original, read = load_file(tiny_llama_dir / "model.safetensors"), load_file(converted / "model.safetensors")
     assert original.keys() == read.keys()
     for k in original:
         assert torch.equal(read[k], original[k]), k
@@ -146,9 +146,9 @@ print("RESULT " + json.dumps({"skipped": result.skipped_steps, "losses": result.
 """
 
 
-def test_zero3_with_offload_skips_a_nan_window_and_leaves_an_adapter(small_llama_dir, tmp_path):
+def test_zero3_with_offload_skips_a_nan_window_and_leaves_an_adapter(tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
-    cfg = run_config(tmp_path, small_llama_dir, "lora: {enabled: true, dropout: 0.0}")
+    cfg = run_config(tmp_path, tiny_llama_dir, "lora: {enabled: true, dropout: 0.0}")
     proc = subprocess.run([sys.executable, "-c", _NAN_WINDOW, str(cfg), f"train.output_dir={out}",
                            "runtime.sharding=deepspeed", "runtime.deepspeed_offload=true", "train.max_steps=5"],
                           env=ENV, capture_output=True, text=True, timeout=HANG_S)

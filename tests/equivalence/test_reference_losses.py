@@ -37,17 +37,17 @@ VARIANTS = {
 }
 
 
-def _losses(name: str, tiny_llama_dir, tmp_path) -> list[float]:
+def _losses(name: str, model_dir, tmp_path) -> list[float]:
     data = write_dataset(tmp_path / "d.jsonl", n=24)
-    cfg = config_for(tiny_llama_dir, data, tmp_path / name, "train.effective_batch=4", "train.micro_batch=2",
+    cfg = config_for(model_dir, data, tmp_path / name, "train.effective_batch=4", "train.micro_batch=2",
                      "train.max_steps=8", "train.learning_rate=1e-2", "train.warmup_steps=2", "runtime.device=cpu",
                      *VARIANTS[name])
     return train(cfg, echo=lambda *a: None).losses
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_losses_match_the_committed_reference(name, tiny_llama_dir, tmp_path):
-    losses = _losses(name, tiny_llama_dir, tmp_path)
+def test_losses_match_the_committed_reference(name, full_vocab_llama_dir, tmp_path):
+    losses = _losses(name, full_vocab_llama_dir, tmp_path)
     assert len(losses) == 8 and all(map(torch.isfinite, torch.tensor(losses)))
     if os.environ.get("ANYFIT_UPDATE_REFERENCE"):
         stored = json.loads(REFERENCE.read_text()) if REFERENCE.is_file() else {}

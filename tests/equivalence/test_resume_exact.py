@@ -20,8 +20,8 @@ pytestmark = [pytest.mark.multirun]
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_sigkill_then_resume_is_bit_identical(lora, small_llama_dir, tmp_path):
-    cfg = resume_config(tmp_path, small_llama_dir, lora)
+def test_sigkill_then_resume_is_bit_identical(lora, tiny_llama_dir, tmp_path):
+    cfg = resume_config(tmp_path, tiny_llama_dir, lora)
     ref = start_train(cfg, tmp_path / "ref")
     killed_out = tmp_path / "killed"
     victim = start_train(cfg, killed_out)

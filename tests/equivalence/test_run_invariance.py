@@ -22,11 +22,11 @@ from transformers import AutoModelForCausalLM
 
 @pytest.mark.multiprocess
 @pytest.mark.multirun
-def test_two_processes_match_one(small_llama_dir, tmp_path):
+def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     """torchrun --nproc_per_node 2 (gloo on CPU) gives the same per-step loss and final weights as 1 process."""
     data = write_dataset(tmp_path / "d.jsonl", n=24)
     cfg_path = tmp_path / "c.yaml"
-    cfg_path.write_text(f"model: {{name_or_path: {small_llama_dir}}}\n"
+    cfg_path.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\n"
                         f"data: {{path: {data}, template: plain}}\n"
                         "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, log_every: 1}\n")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -49,7 +49,7 @@ def test_two_processes_match_one(small_llama_dir, tmp_path):
     assert w1.keys() == w2.keys()
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6)
-    assert not any(w1[k].equal(load_file(Path(small_llama_dir) / "model.safetensors")[k]) for k in w1 if "norm" not in k)
+    assert not any(w1[k].equal(load_file(Path(tiny_llama_dir) / "model.safetensors")[k]) for k in w1 if "norm" not in k)
 
 
 

@@ -25,10 +25,10 @@ SPLIT = "runtime.sequence_parallel=2"
 
 
 @pytest.fixture(scope="module")
-def split_run(small_llama_dir, tmp_path_factory):
+def split_run(tiny_llama_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("split")
     out = tmp / "out"
-    log = launch(run_config(tmp, small_llama_dir), out, 2, SPLIT, "runtime.sharding=none")
+    log = launch(run_config(tmp, tiny_llama_dir), out, 2, SPLIT, "runtime.sharding=none")
     return tmp, out, log
 
 
@@ -44,12 +44,12 @@ def test_split_sequences_train_as_one_process_does(split_run, unsharded):
     assert [m["real_tokens"] for m in ours if "loss" in m] == [m["real_tokens"] for m in theirs if "loss" in m]
 
 
-def test_split_lora_trains_as_one_process_does(small_llama_dir, tmp_path):
+def test_split_lora_trains_as_one_process_does(tiny_llama_dir, tmp_path):
     """LoRA adapters (their gradients the all-reduced sum of each part's) over split sequences, four steps."""
     lora = ("lora: {enabled: true, dropout: 0.0}",)
     one, split = tmp_path / "one", tmp_path / "split"
-    launch(run_config(tmp_path, small_llama_dir, *lora), one, 1, "train.max_steps=4")
-    launch(run_config(tmp_path, small_llama_dir, *lora), split, 2, SPLIT, "runtime.sharding=none", "train.max_steps=4")
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), one, 1, "train.max_steps=4")
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), split, 2, SPLIT, "runtime.sharding=none", "train.max_steps=4")
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)
     a, b = load_file(one / "adapter_model.safetensors"), load_file(split / "adapter_model.safetensors")
     assert a.keys() == b.keys() and a
@@ -57,13 +57,13 @@ def test_split_lora_trains_as_one_process_does(small_llama_dir, tmp_path):
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
 
 
-def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, small_llama_dir):
+def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, tiny_llama_dir):
     """The data order never depended on the split: its checkpoint continues on one process, as written."""
     tmp, out, _ = split_run
     again = tmp / "again"
     again.mkdir()
     shutil.copytree(out / "checkpoint-4", again / "checkpoint-4")
-    log = launch(run_config(tmp, small_llama_dir), again, 1, "train.resume=auto")
+    log = launch(run_config(tmp, tiny_llama_dir), again, 1, "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert losses(again) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
 
@@ -80,7 +80,7 @@ def _long_examples(path):
     return path
 
 
-def test_long_packed_rows_split_under_fsdp_with_every_saver_and_validation_match_one_process(small_llama_dir,
+def test_long_packed_rows_split_under_fsdp_with_every_saver_and_validation_match_one_process(tiny_llama_dir,
                                                                                             tmp_path):
     """Long packed rows (boundaries kept whole across the cut), FSDP2 sharding over the same two processes, the
     tiled MLP and the fused loss on each process's part, and the validation loss (each process computing its part
@@ -88,8 +88,8 @@ def test_long_packed_rows_split_under_fsdp_with_every_saver_and_validation_match
     data = _long_examples(tmp_path / "long.jsonl")
     extra = ("eval: {holdout: 4, every: 2}",)
     one, split = tmp_path / "one", tmp_path / "split"
-    launch(run_config(tmp_path, small_llama_dir, *extra), one, 1, f"data.path={data}", "train.max_steps=4")
-    log = launch(run_config(tmp_path, small_llama_dir, *extra), split, 2, f"data.path={data}", "train.max_steps=4",
+    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1, f"data.path={data}", "train.max_steps=4")
+    log = launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, f"data.path={data}", "train.max_steps=4",
                  SPLIT, "runtime.sharding=fsdp", "train.packing=true", "model.tiled_mlp=true", "train.fused_loss=true")
     assert "sequence split over 2 processes" in log
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)

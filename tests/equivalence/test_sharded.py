@@ -22,9 +22,9 @@ from anyfit.training.checkpoints.integrity import checkpoint_problem
 pytestmark = [pytest.mark.multiprocess, pytest.mark.multirun]
 
 @pytest.fixture(scope="module")
-def four_processes(small_llama_dir, tmp_path_factory) -> Path:
+def four_processes(tiny_llama_dir, tmp_path_factory) -> Path:
     """A complete sharded run on four processes (its checkpoints are resumed on other layouts below)."""
-    out, log = complete_run(tmp_path_factory, small_llama_dir, "four", 4, "fsdp")
+    out, log = complete_run(tmp_path_factory, tiny_llama_dir, "four", 4, "fsdp")
     assert "sharding fsdp: asked for in the config" in log
     return out
 
@@ -52,11 +52,11 @@ def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharde
     AutoModelForCausalLM.from_pretrained(out)  # an ordinary Hugging Face folder
 
 
-def test_sharded_lora_leaves_an_adapter_peft_loads(small_llama_dir, tmp_path):
+def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
     out = tmp_path / "out"
     # with a validation loss on the way: its no-grad forwards must not leave gathered weights behind
     lora = ("lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}")
-    launch(run_config(tmp_path, small_llama_dir, *lora), out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
     info = json.loads((out / "run_info.json").read_text())
     for params in info["held_per_process"]["parameters"]:
         assert abs(params - info["parameters"]["total"] / 2) <= 0.02 * info["parameters"]["total"]
@@ -74,7 +74,7 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(small_llama_dir, tmp_path):
     again = tmp_path / "again"
     again.mkdir()
     shutil.copytree(out / "checkpoint-2", again / "checkpoint-2")
-    launch(run_config(tmp_path, small_llama_dir, *lora), again, 2, "runtime.sharding=none", "train.max_steps=4",
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), again, 2, "runtime.sharding=none", "train.max_steps=4",
             "train.resume=auto")
     assert losses(again) == pytest.approx([m["loss"] for m in read_metrics(out) if "loss" in m][2:], rel=2e-4)
     # and exports as an adapter without the two processes that wrote it
@@ -83,12 +83,12 @@ def test_sharded_lora_leaves_an_adapter_peft_loads(small_llama_dir, tmp_path):
     assert export(out / "checkpoint-2", tmp_path / "exported", echo=lambda *a: None).merged_adapter
 
 
-def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identical(two_processes, small_llama_dir,
+def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identical(two_processes, tiny_llama_dir,
                                                                                      tmp_path):
     """torchrun --max-restarts 1, one worker SIGKILLed mid-run: torchrun restarts both, they resume from the newest
     complete checkpoint with nobody setting train.resume, and the run ends as the uninterrupted one did."""
     killed = tmp_path / "killed"
-    job = launch(run_config(tmp_path, small_llama_dir), killed, 2, "runtime.sharding=fsdp", wait=False, restarts=1)
+    job = launch(run_config(tmp_path, tiny_llama_dir), killed, 2, "runtime.sharding=fsdp", wait=False, restarts=1)
     try:
         # at the first checkpoint: six steps still to go, so the kill lands mid-run however fast the machine
         wait_for(lambda: (killed / "checkpoint-2" / "trainer_state.json").exists(), job)
@@ -110,7 +110,7 @@ def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identic
 
 @pytest.mark.parametrize("written, procs, sharding", [("four", 1, "none"), ("unsharded", 2, "fsdp")],
                          ids=["4-sharded-to-1", "1-replicated-to-2-sharded"])
-def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded, four_processes, small_llama_dir,
+def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded, four_processes, tiny_llama_dir,
                                             tmp_path):
     """A checkpoint written by N processes, sharded or not, continues on M processes in either mode: the same
     effective batch and data order, so the same losses as the uninterrupted run. (Sharded to replicated on several
@@ -118,7 +118,7 @@ def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded,
     out = tmp_path / "out"
     out.mkdir()
     shutil.copytree((four_processes if written == "four" else unsharded) / "checkpoint-4", out / "checkpoint-4")
-    log = launch(run_config(tmp_path, small_llama_dir), out, procs, f"runtime.sharding={sharding}", "train.resume=auto")
+    log = launch(run_config(tmp_path, tiny_llama_dir), out, procs, f"runtime.sharding={sharding}", "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert losses(out) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
     a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
@@ -144,9 +144,9 @@ def test_a_sharded_checkpoint_exports_without_the_processes_that_wrote_it(unshar
     assert checkpoint_problem(checkpoint) is None  # still a checkpoint that resumes
 
 
-def test_two_nodes_over_loopback_match_one_process(unsharded, small_llama_dir, tmp_path):
+def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tmp_path):
     """torchrun --nnodes 2: two 'machines' of one process each, rendezvous on 127.0.0.1."""
-    cfg = run_config(tmp_path, small_llama_dir)
+    cfg = run_config(tmp_path, tiny_llama_dir)
     out, port = tmp_path / "out", free_port()
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
                                "--nproc_per_node", "1", "--rdzv-backend", "static", "--master_addr", "127.0.0.1",

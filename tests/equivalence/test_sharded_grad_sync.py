@@ -66,8 +66,8 @@ def _probe(tmp_path: Path, model_dir: Path) -> dict:
     return json.loads(line.removeprefix("PROBE "))
 
 
-def test_only_gradient_shards_persist_between_micro_batches(small_llama_dir, tmp_path):
-    seen = _probe(tmp_path, small_llama_dir)
+def test_only_gradient_shards_persist_between_micro_batches(tiny_llama_dir, tmp_path):
+    seen = _probe(tmp_path, tiny_llama_dir)
     on, off = seen["on"], seen["off"]
     # after the first micro-batch every parameter holds its reduced shard: about 1/2 of the model's elements
     assert on[0] == {"params_with_grad": 0, "grad_elements": 0}
@@ -77,11 +77,11 @@ def test_only_gradient_shards_persist_between_micro_batches(small_llama_dir, tmp
     assert off[1] == {"params_with_grad": 0, "grad_elements": 0}
 
 
-def test_losses_equal_with_one_reduce_scatter_per_window_or_per_micro_batch(two_processes, small_llama_dir, tmp_path):
+def test_losses_equal_with_one_reduce_scatter_per_window_or_per_micro_batch(two_processes, tiny_llama_dir, tmp_path):
     # effective batch 8 = micro-batch 2 x accumulation 2 x 2 processes (each step's gradient is compared through the
     # next step's loss); the reference is the shared two-process FSDP2 run, one reduce-scatter per window
     every = tmp_path / "every"
-    log = launch(run_config(tmp_path, small_llama_dir), every, 2, "runtime.sharding=fsdp", "train.save_every=0",
+    log = launch(run_config(tmp_path, tiny_llama_dir), every, 2, "runtime.sharding=fsdp", "train.save_every=0",
                  "runtime.fsdp_reduce_every_micro_batch=true")
     assert "gradients reduce-scattered after every micro-batch" in log
     # The same gradient summed in another order (each micro-batch's mean over processes, then the sum, instead of

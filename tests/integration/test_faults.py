@@ -18,9 +18,9 @@ from anyfit.training.checkpoints.integrity import checkpoint_problem
 
 
 @pytest.mark.multirun
-def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_blocks_nothing(small_llama_dir,
+def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_blocks_nothing(tiny_llama_dir,
                                                                                             tmp_path):
-    cfg = resume_config(tmp_path, small_llama_dir, lora=False)
+    cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
     out = tmp_path / "run"
     first = start_train(cfg, out, "train.max_steps=100000")  # long enough to be live whatever the machine's speed
     wait_for(lambda: len(metric_steps(out)) >= 2, first)
@@ -61,11 +61,12 @@ def _small_filesystem(path: Path, size: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def sizes(tiny_llama_dir, tmp_path_factory):
-    """What a checkpoint of the tiny model takes on disk, from its weights file: the weights again (fp32, as
-    loaded) and AdamW's two fp32 states per weight, plus small files (about 1 MB with the tokenizer)."""
-    weights = (tiny_llama_dir / "model.safetensors").stat().st_size
-    cfg = resume_config(tmp_path_factory.mktemp("sizes"), tiny_llama_dir, lora=False)
+def sizes(full_vocab_llama_dir, tmp_path_factory):
+    """What a checkpoint of the tiny model with Qwen's whole vocabulary takes on disk, from its weights file: the
+    weights again (fp32, as loaded) and AdamW's two fp32 states per weight, plus small files (about 1 MB with the
+    tokenizer; the weights, 20 MB, are most of it, so the file system below can be sized between checkpoints)."""
+    weights = (full_vocab_llama_dir / "model.safetensors").stat().st_size
+    cfg = resume_config(tmp_path_factory.mktemp("sizes"), full_vocab_llama_dir, lora=False)
     return {"cfg": cfg, "weights": weights, "checkpoint": 3 * weights + 2**20}
 
 

@@ -33,9 +33,9 @@ def _profile(model_dir, tmp_path: Path, name: str, *extra: str, probe: bool = Fa
 
 
 @pytest.fixture(scope="module")
-def good(tiny_llama_dir, tmp_path_factory):
+def good(full_vocab_llama_dir, tmp_path_factory):
     # data.max_length=12 cuts the longer examples: the tokens cut away are part of the profile
-    return _profile(tiny_llama_dir, tmp_path_factory.mktemp("good"), "good", "data.max_length=12")
+    return _profile(full_vocab_llama_dir, tmp_path_factory.mktemp("good"), "good", "data.max_length=12")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,7 @@ def test_a_good_config_gets_no_advice(good):
     (["model.gradient_checkpointing=true"], "model.gradient_checkpointing"),  # recomputes with memory to spare
     (["train.loss_chunk_tokens=0"], "train.loss_chunk_tokens"),  # fp32 logits over the 151k vocabulary at once
 ])
-def test_each_cpu_rule_fires_on_its_bad_config(tiny_llama_dir, deep_llama_dir, tmp_path, capsys, bad, key):
+def test_each_cpu_rule_fires_on_its_bad_config(full_vocab_llama_dir, deep_llama_dir, tmp_path, capsys, bad, key):
     probe = key == "train.micro_batch"  # one case also probes its speed advice (two more real runs)
     # The one timed rule: a call's fixed cost grows with the layers it runs through; a token's cost here is mostly
     # the head. Through 2 layers and the 151k-vocabulary head the fixed cost of 5..15-token calls was small enough
@@ -94,7 +94,7 @@ def test_each_cpu_rule_fires_on_its_bad_config(tiny_llama_dir, deep_llama_dir, t
     # sampler sorts each window longest first, so a load that changes within a step looks like a slope): the rule
     # then stays silent, as it should on numbers that do not support it. A new, independent profile is taken
     # then, up to three in all.
-    model, timing = (deep_llama_dir, {"warmup": 5, "steps": 3}) if probe else (tiny_llama_dir, {})
+    model, timing = (deep_llama_dir, {"warmup": 5, "steps": 3}) if probe else (full_vocab_llama_dir, {})
     seen = []
     for attempt in range(3 if probe else 1):
         (tmp_path / str(attempt)).mkdir()
@@ -132,11 +132,11 @@ def test_profile_refuses_bad_steps_in_one_line(capsys):
 
 
 @pytest.mark.multiprocess
-def test_two_processes_one_trace_each_breakdown_of_the_slowest(tiny_llama_dir, tmp_path):
+def test_two_processes_one_trace_each_breakdown_of_the_slowest(full_vocab_llama_dir, tmp_path):
     data = write_dataset(tmp_path / "d.jsonl", n=32)
     out = tmp_path / "two"
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "anyfit",
-                          "profile", f"model.name_or_path={tiny_llama_dir}", f"data.path={data}", "data.template=plain",
+                          "profile", f"model.name_or_path={full_vocab_llama_dir}", f"data.path={data}", "data.template=plain",
                           "train.effective_batch=8", "train.micro_batch=2", "--steps", "2", "--out", str(out)],
                          env={**ENV, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]

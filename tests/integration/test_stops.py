@@ -25,8 +25,8 @@ from anyfit.training.loss import token_loss_sum
 
 
 @pytest.mark.multirun
-def test_sigterm_saves_and_exits_cleanly_then_resumes(small_llama_dir, tmp_path):
-    cfg = resume_config(tmp_path, small_llama_dir, lora=False)
+def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
+    cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
     out = tmp_path / "run"
     proc = start_train(cfg, out, "train.save_every=0")
     wait_for(lambda: len(metric_steps(out)) >= 3, proc)
@@ -95,10 +95,10 @@ def test_persistent_nonfinite_stops_with_a_diagnosis(tiny_qwen2_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_auto_skips_a_damaged_newest_checkpoint(small_llama_dir, tmp_path, capsys):
+def test_resume_auto_skips_a_damaged_newest_checkpoint(tiny_llama_dir, tmp_path, capsys):
     """The newest checkpoint cut short (a full disk, a copy interrupted): resume=auto names it, takes the one
     before and finishes the run."""
-    cfg, steps = resume_config(tmp_path, small_llama_dir, lora=False), 6
+    cfg, steps = resume_config(tmp_path, tiny_llama_dir, lora=False), 6
     out = tmp_path / "run"
     args = [f"train.output_dir={out}", f"train.max_steps={steps}"]
     train(load_config(cfg, args), echo=lambda *a: None)

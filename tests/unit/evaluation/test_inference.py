@@ -27,8 +27,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_llama_dir):
-    return load_for_inference(tiny_llama_dir, device="cpu")
+def tiny(full_vocab_llama_dir):
+    return load_for_inference(full_vocab_llama_dir, device="cpu")
 
 
 @pytest.mark.slow
@@ -91,10 +91,10 @@ def test_seeded_sampling_is_repeatable_and_leaves_the_rng_alone(tiny):
     assert torch.equal(torch.get_rng_state(), state)  # a training run's RNG stream is not disturbed
 
 
-def test_runs_in_inference_mode_and_restores_training_mode(tiny_llama_dir, qwen_tokenizer):
+def test_runs_in_inference_mode_and_restores_training_mode(full_vocab_llama_dir, qwen_tokenizer):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(full_vocab_llama_dir, dtype=torch.float32)
     model.train()
     modes = []
     hook = model.register_forward_hook(lambda m, *a: modes.append((torch.is_inference_mode_enabled(), m.training)))
@@ -107,11 +107,11 @@ def test_runs_in_inference_mode_and_restores_training_mode(tiny_llama_dir, qwen_
     assert all(p.grad is None for p in model.parameters())
 
 
-def test_checkpoint_generation_config_is_not_applied(tiny_llama_dir, qwen_tokenizer):
+def test_checkpoint_generation_config_is_not_applied(full_vocab_llama_dir, qwen_tokenizer):
     """A checkpoint's sampling defaults (Qwen ships repetition_penalty=1.05) must not leak into greedy decoding."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(full_vocab_llama_dir, dtype=torch.float32)
     params = GenerationParams(max_new_tokens=6)
     plain = TransformersBackend(model, qwen_tokenizer, 2).generate(PROMPTS[:2], params)
     model.generation_config.repetition_penalty = 5.0
@@ -156,12 +156,12 @@ def test_forcing_vllm_without_it_is_a_clear_error(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def lora_dir(tiny_llama_dir, tmp_path_factory):
+def lora_dir(full_vocab_llama_dir, tmp_path_factory):
     """A LoRA output folder as training writes it: adapter weights + config, and the tokenizer."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    base = AutoModelForCausalLM.from_pretrained(full_vocab_llama_dir, dtype=torch.float32)
     model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                             task_type="CAUSAL_LM"))
     torch.manual_seed(1)
@@ -171,12 +171,12 @@ def lora_dir(tiny_llama_dir, tmp_path_factory):
                 p.normal_(0, 0.5)
     out = tmp_path_factory.mktemp("lora_run")
     model.save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_llama_dir).save_pretrained(out)
+    AutoTokenizer.from_pretrained(full_vocab_llama_dir).save_pretrained(out)
     return out
 
 
 @pytest.mark.slow
-def test_lora_output_dir_loads_base_and_adapter(lora_dir, tiny_llama_dir, tiny):
+def test_lora_output_dir_loads_base_and_adapter(lora_dir, full_vocab_llama_dir, tiny):
     from peft import PeftModel
 
     loc = locate_model(lora_dir)
@@ -196,8 +196,8 @@ def test_lora_output_dir_loads_base_and_adapter(lora_dir, tiny_llama_dir, tiny):
     assert len(out) == 2 and all(c.num_tokens == 4 for c in out)
 
 
-def test_full_model_dir_and_unfinished_run(tiny_llama_dir, tmp_path):
-    assert locate_model(tiny_llama_dir).adapter is None
+def test_full_model_dir_and_unfinished_run(full_vocab_llama_dir, tmp_path):
+    assert locate_model(full_vocab_llama_dir).adapter is None
     (tmp_path / "checkpoint-5").mkdir()
     (tmp_path / "checkpoint-10").mkdir()
     with pytest.raises(ConfigError, match="checkpoint-10"):
@@ -251,12 +251,12 @@ def test_out_of_memory_halves_the_batch(tiny, monkeypatch):
 @pytest.mark.gpu
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
                     reason="needs vllm and a CUDA GPU")
-def test_vllm_backend_matches_transformers_greedy(tiny_llama_dir):
+def test_vllm_backend_matches_transformers_greedy(full_vocab_llama_dir):
     from anyfit.evaluation.inference import VLLMBackend
 
     params = GenerationParams(max_new_tokens=8)
-    vllm_out = VLLMBackend(tiny_llama_dir, dtype="float32", gpu_memory_utilization=0.3).generate(PROMPTS, params)
-    model, tok = load_for_inference(tiny_llama_dir, device="cuda", dtype="float32")
+    vllm_out = VLLMBackend(full_vocab_llama_dir, dtype="float32", gpu_memory_utilization=0.3).generate(PROMPTS, params)
+    model, tok = load_for_inference(full_vocab_llama_dir, device="cuda", dtype="float32")
     hf_out = TransformersBackend(model, tok, 4).generate(PROMPTS, params)
     assert len(vllm_out) == len(PROMPTS)
     assert [c.num_tokens for c in vllm_out] == [c.num_tokens for c in hf_out]

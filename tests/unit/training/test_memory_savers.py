@@ -188,14 +188,14 @@ def _saved_bytes_and_grads(cfg, ids, autocast: bool, wrap=None):
     (["lora.enabled=true", "lora.dropout=0.0"], False),
 ], ids=["full", "full-autocast", "full-ckpt", "lora"])
 def test_tiled_mlp_computes_the_same_loss_and_gradients_and_keeps_no_mlp_activations(extra, autocast,
-                                                                                      tiny_llama_dir):
+                                                                                      full_vocab_llama_dir):
     """model.tiled_mlp: 2 x 100 tokens over a 32-wide model, so 4 tiles per MLP. The loss is the same (each token's
     MLP output does not depend on the tiling) and the gradients are too, to fp32 round-off: a weight's gradient
     is a sum over the 200 tokens, tiled as 4 partial sums of 50 (relative round-off ~200 x 2^-24, 1e-5 of the
     largest entry). Autocast recomputes in bf16 as the forward ran (its tolerance below). Without checkpointing the forward keeps, per layer, at least the gated
     MLP's gate and up outputs less (2 x tokens x intermediate_size fp32 values, or bf16 under autocast)."""
     ids = torch.randint(0, 1000, (2, 100), generator=torch.Generator().manual_seed(0))
-    runs = [_saved_bytes_and_grads(load_config(None, [f"model.name_or_path={tiny_llama_dir}", *extra,
+    runs = [_saved_bytes_and_grads(load_config(None, [f"model.name_or_path={full_vocab_llama_dir}", *extra,
                                                       f"model.tiled_mlp={on}"]), ids, autocast)
             for on in ("false", "true")]
     (loss, grads, saved), (tiled_loss, tiled_grads, tiled_saved) = runs
@@ -209,7 +209,7 @@ def test_tiled_mlp_computes_the_same_loss_and_gradients_and_keeps_no_mlp_activat
     if not extra:
         from transformers import AutoConfig
 
-        config = AutoConfig.from_pretrained(tiny_llama_dir)
+        config = AutoConfig.from_pretrained(full_vocab_llama_dir)
         per_value = 2 if autocast else 4
         assert saved - tiled_saved >= config.num_hidden_layers * 2 * ids.numel() * config.intermediate_size * per_value
 
