@@ -108,17 +108,18 @@ def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identic
     assert metric_steps(killed) == list(range(1, STEPS + 1))
 
 
-@pytest.mark.parametrize("written, procs, sharding", [("four", 1, "none"), ("unsharded", 2, "fsdp")],
-                         ids=["4-sharded-to-1", "1-replicated-to-2-sharded"])
-def test_a_checkpoint_resumes_on_any_layout(written, procs, sharding, unsharded, four_processes, tiny_llama_dir,
-                                            tmp_path):
+def test_a_sharded_checkpoint_resumes_on_one_process(unsharded, four_processes, tiny_llama_dir, tmp_path):
     """A checkpoint written by N processes, sharded or not, continues on M processes in either mode: the same
-    effective batch and data order, so the same losses as the uninterrupted run. (Sharded to replicated on several
-    processes: the LoRA test above.)"""
+    effective batch and data order, so the same losses as the uninterrupted run. Here 4 sharded to 1; replicated
+    on 1 to sharded on 2: the two-node test below; sharded to replicated on several processes: the LoRA test."""
     out = tmp_path / "out"
     out.mkdir()
-    shutil.copytree((four_processes if written == "four" else unsharded) / "checkpoint-4", out / "checkpoint-4")
-    log = launch(run_config(tmp_path, tiny_llama_dir), out, procs, f"runtime.sharding={sharding}", "train.resume=auto")
+    shutil.copytree(four_processes / "checkpoint-4", out / "checkpoint-4")
+    log = launch(run_config(tmp_path, tiny_llama_dir), out, 1, "runtime.sharding=none", "train.resume=auto")
+    assert_continues_the_unsharded_run(log, out, unsharded)
+
+
+def assert_continues_the_unsharded_run(log: str, out: Path, unsharded: Path) -> None:
     assert "resumed from" in log and "at step 4" in log
     assert losses(out) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
     a, b = load_file(unsharded / "model.safetensors"), load_file(out / "model.safetensors")
@@ -144,18 +145,23 @@ def test_a_sharded_checkpoint_exports_without_the_processes_that_wrote_it(unshar
     assert checkpoint_problem(checkpoint) is None  # still a checkpoint that resumes
 
 
-def test_two_nodes_over_loopback_match_one_process(unsharded, tiny_llama_dir, tmp_path):
-    """torchrun --nnodes 2: two 'machines' of one process each, rendezvous on 127.0.0.1."""
+def test_two_nodes_over_loopback_continue_one_processs_checkpoint_sharded(unsharded, tiny_llama_dir, tmp_path):
+    """torchrun --nnodes 2: two 'machines' of one process each, rendezvous on 127.0.0.1, continue the one-process
+    replicated run's checkpoint sharded over both (FSDP2) and end as that run did."""
     cfg = run_config(tmp_path, tiny_llama_dir)
     out, port = tmp_path / "out", free_port()
+    out.mkdir()
+    shutil.copytree(unsharded / "checkpoint-4", out / "checkpoint-4")
     nodes = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(rank),
                                "--nproc_per_node", "1", "--rdzv-backend", "static", "--master_addr", "127.0.0.1",
                                "--master_port", str(port), "-m", "anyfit", "train", str(cfg),
-                               f"train.output_dir={out}", "runtime.sharding=none"],
+                               f"train.output_dir={out}", "runtime.sharding=fsdp", "train.resume=auto"],
                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    logs = []
     for node in nodes:
-        _, err = node.communicate(timeout=HANG_S)
+        log, err = node.communicate(timeout=HANG_S)
         assert node.returncode == 0, err[-3000:]
+        logs.append(log)
     info = json.loads((out / "run_info.json").read_text())
-    assert info["batch"]["processes"] == 2
-    assert losses(out) == pytest.approx(losses(unsharded), rel=2e-4)
+    assert info["batch"]["processes"] == 2 and len(info["held_per_process"]["parameters"]) == 2
+    assert_continues_the_unsharded_run(logs[0], out, unsharded)

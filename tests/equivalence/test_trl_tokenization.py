@@ -69,6 +69,16 @@ def tokenizer(request, tmp_path_factory):
     return AutoTokenizer.from_pretrained(out)
 
 
+@pytest.fixture(scope="module")
+def loaded_tokenizer(real_tokenizer_dir):
+    """``loaded_tokenizer(name)``: the real tokenizer ``name``, loaded once for the module (1.5 s each load)."""
+    from functools import cache
+
+    from transformers import AutoTokenizer
+
+    return cache(lambda name: AutoTokenizer.from_pretrained(real_tokenizer_dir(name)))
+
+
 def trl_rows(tokenizer, records, tmp_path, **sft_args) -> list[dict]:
     """The tokenized dataset of an SFTTrainer built on ``records`` (its preparation runs in the constructor)."""
     from datasets import Dataset
@@ -162,10 +172,8 @@ TOOL_AND_REASONING = [
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["qwen-2.5", "qwen-3"])
 @pytest.mark.parametrize("train_on", ["completion", "all"])
-def test_tool_calls_and_reasoning_like_trl(real_tokenizer_dir, tmp_path, name, train_on):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(real_tokenizer_dir(name))
+def test_tool_calls_and_reasoning_like_trl(loaded_tokenizer, tmp_path, name, train_on):
+    tokenizer = loaded_tokenizer(name)
     records = TOOL_AND_REASONING if name == "qwen-3" else [
         {**r, "messages": [{k: v for k, v in m.items() if k != "reasoning_content"} for m in r["messages"]]}
         for r in TOOL_AND_REASONING]  # Qwen2.5's template has no reasoning key (TRL would drop it; anyfit inlines it)

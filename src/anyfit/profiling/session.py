@@ -40,6 +40,7 @@ class ProfiledRun:
     policy: object  # its RuntimePolicy
     accelerator: object
     model: torch.nn.Module  # as the loop steps it (wrapped, sharded)
+    bare: torch.nn.Module  # the same model as loaded, without the wrapper (its config)
     optimizer: object
     sampler: object  # the WindowSampler: which examples each step's windows hold
     report: object  # the data report (tokens kept, cut)
@@ -112,8 +113,7 @@ class StepProfiler:
     def _census_if_due(self) -> None:
         if self.calls == self.warmup - 1:  # the profiler's own warm-up step: traced, dropped, and measured here
             run = self.run
-            model = run.accelerator.unwrap_model(run.model)
-            self.census = MemoryCensus(run.model, run.optimizer, model.config.get_text_config().vocab_size)
+            self.census = MemoryCensus(run.model, run.optimizer, run.bare.config.get_text_config().vocab_size)
             self.census.watch()
         elif self.calls == self.warmup and self.census is not None:
             self.measured = self.census.close()
@@ -157,8 +157,7 @@ class StepProfiler:
         sampler = run.sampler
         steps = range(self.window.first, self.window.first + self.window.steps)
         windows = window_examples(sampler, steps)
-        model = run.accelerator.unwrap_model(run.model)
-        shape = shape_from_config(model.config.get_text_config())
+        shape = shape_from_config(run.bare.config.get_text_config())
         facts, planned = gather_facts(run.cfg, run.policy, sampler.plan, shape, windows, self.measured, run.sharded)
         packing, micro = run.cfg.train.packing, sampler.plan.micro_batch
         p = Profile(step=mean.wall, phases=mean.phases, micro_seconds=mean.micro,

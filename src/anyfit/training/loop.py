@@ -87,6 +87,7 @@ class Run:
     backend: Backend
     accelerator: object
     state: TrainState  # model, optimizer, scheduler (as the backend wrapped them) and tokenizer: what checkpoints hold
+    bare: torch.nn.Module  # the model as loaded: the same module under the backend's wrapper (its config, result)
     data: TrainingData
     stream: StepStream
     evaluator: InTrainingEval
@@ -179,11 +180,13 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_f
         say(f"[anyfit] {packing.line}")
         collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=packing.packed)
     if split.active:  # after the self-test, which runs whole sequences on every process
-        split_attention(accelerator.unwrap_model(model), split.degree)
+        split_attention(loaded.model, split.degree)
         say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
             f"{split.data_size} data-parallel group(s)")
     model.train()
-    flops = ModelFlops.of(shape_from_config(accelerator.unwrap_model(model).config.get_text_config()),
+    # loaded.model, not Accelerate's unwrap_model: the same module under the backend's wrapper, without the import
+    # of DeepSpeed (and mlflow through it: 2 s) that unwrap_model makes wherever DeepSpeed is installed
+    flops = ModelFlops.of(shape_from_config(loaded.model.config.get_text_config()),
                           loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0,
                           adapter_in_experts(loaded.model))  # LoRA on fused MoE experts (ModelShape.lora_flops)
     peak = device_peak(policy.device, policy.precision)
@@ -196,6 +199,7 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_f
                         policy.pin_memory)
     run = Run(cfg=cfg, policy=policy, backend=backend, accelerator=accelerator,
               state=TrainState(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer=tokenizer),
+              bare=loaded.model,
               data=data, stream=stream, evaluator=InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split),
               loss_fn=loss_fn, out=out, steps=steps, loaded=loaded.read, flops=flops, peak=peak, save_final=save_final,
               split=split)
@@ -243,8 +247,8 @@ def run_steps(run: Run, say=print) -> TrainResult:
     if run.start == 0:
         evaluate(0)
     done = run.start
-    watched = ProfiledRun(cfg=cfg, policy=run.policy, accelerator=acc, model=model, optimizer=optimizer,
-                          sampler=sampler, report=run.data.report, out=run.out, start=run.start,
+    watched = ProfiledRun(cfg=cfg, policy=run.policy, accelerator=acc, model=model, bare=run.bare,
+                          optimizer=optimizer, sampler=sampler, report=run.data.report, out=run.out, start=run.start,
                           sharded=run.backend.sharded, flops=run.flops, peak=run.peak)
     with StopOnSignal() as stop, profiled(watched, say) as profiler:  # runtime.profile: a no-op unless set
         for step in range(run.start, run.steps):
@@ -308,5 +312,5 @@ def run_steps(run: Run, say=print) -> TrainResult:
             say(f"[anyfit] warning: loss.png was not written ({e.strerror or e}); draw it later with anyfit plot "
                 f"{run.out}")
     acc.end_training()  # closes the trackers
-    result.model, result.tokenizer = acc.unwrap_model(model), run.state.tokenizer
+    result.model, result.tokenizer = run.bare, run.state.tokenizer
     return result
