@@ -42,6 +42,20 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(_cores(), MAX_WORKERS))
 
 
+def pytest_collection_modifyitems(items) -> None:
+    """The modules with the most tests that launch processes or train several runs come first, each module's tests
+    in their order. pytest-xdist hands whole modules to the workers in collection order (--dist loadfile): a long
+    module handed out last keeps one worker busy while the others have nothing left to run."""
+    launching: dict[str, int] = {}
+    first: dict[str, int] = {}
+    for n, item in enumerate(items):
+        module = str(item.path)
+        first.setdefault(module, n)
+        heavy = item.get_closest_marker("multiprocess") or item.get_closest_marker("multirun")
+        launching[module] = launching.get(module, 0) + bool(heavy)
+    items.sort(key=lambda item: (-launching[str(item.path)], first[str(item.path)]))
+
+
 # Each worker trains in its own process: torch's intra-op threads share the cores out instead of every worker
 # taking them all (two workers with two threads each on two cores made the in-process runs 3-5x slower). The
 # processes the tests launch already run one thread each (tiny_runs.ENV).

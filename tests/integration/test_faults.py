@@ -25,9 +25,13 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_bl
     first = start_train(cfg, out, "train.max_steps=100000")  # long enough to be live whatever the machine's speed
     wait_for(lambda: len(metric_steps(out)) >= 2, first)
     config_before = (out / "config.yaml").read_text()
+    # Paused while the second run starts (a live process holds its lock whether it runs or not; running, it would
+    # take a core from the second's start-up for nothing)
+    first.send_signal(signal.SIGSTOP)
     # overwrite=true would clear the folder: the lock is checked before anything is touched
     second = start_train(cfg, out, "train.overwrite=true")
     assert second.wait(timeout=HANG_S) == 2
+    first.send_signal(signal.SIGCONT)
     lines = second.stderr.read().strip().splitlines()
     assert lines[-1].startswith(f"anyfit: error: train.output_dir {out} is in use by a run that is still going "
                                 f"(process {first.pid} on ")
