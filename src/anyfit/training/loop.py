@@ -311,6 +311,9 @@ def run_steps(run: Run, say=print) -> TrainResult:
         except OSError as e:  # a full disk after the model was saved: the run is complete, only the picture is not
             say(f"[anyfit] warning: loss.png was not written ({e.strerror or e}); draw it later with anyfit plot "
                 f"{run.out}")
+    # every process ends together: one that tears its process group down while the main one still writes the
+    # profile's report was once aborted by gloo at exit (terminate called without an active exception)
+    acc.wait_for_everyone()
     acc.end_training()  # closes the trackers
     result.model, result.tokenizer = run.bare, run.state.tokenizer
     return result
