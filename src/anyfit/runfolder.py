@@ -7,9 +7,15 @@ A run folder holds
 - ``run_info.json``: runtime policy with its reasons, batch split, data report, versions;
 - ``metrics.jsonl``: one JSON object per logged step, appended while the run goes on;
 - ``loss.png``: the curves, drawn at the end of the run and by ``anyfit plot``;
+- ``generations.jsonl``: a few example answers of each generation evaluation (prompt, gold answer, the
+  model's answer, graded correct or not), one line per example;
+- ``report.html``: the whole run on one self-contained page, written at the end of the run and by
+  ``anyfit report``;
 - ``.anyfit-run.lock``: held by the run that is writing the folder (``RunLock``);
-- ``checkpoint-<step>/``: written as ``.tmp-checkpoint-<step>/`` and renamed when complete (what a checkpoint
-  holds is ``anyfit.training.checkpoints.checkpoint``'s);
+- ``checkpoint-<step>/``: written as ``.tmp-checkpoint-<step>/`` and renamed when complete, renamed to
+  ``.deleting-checkpoint-<step>/`` before it is deleted (what a checkpoint holds is
+  ``anyfit.training.checkpoints.checkpoint``'s); what a killed run left under either hidden name is removed when
+  the next run takes the lock (``remove_leftovers``);
 - the final model (``config.json`` + weights, or ``adapter_config.json`` + adapter) when the run finished.
 """
 
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -25,13 +32,17 @@ from typing import Any
 
 from anyfit.config import ConfigError
 from anyfit.durable import FileLock, LockBusy
+from anyfit.faults import FileFault, os_problem
 
 RUN_CONFIG = "config.yaml"
 RUN_INFO = "run_info.json"
 METRICS = "metrics.jsonl"
 PLOT = "loss.png"
+GENERATIONS = "generations.jsonl"
+REPORT = "report.html"
 CHECKPOINT_PREFIX = "checkpoint-"
 TMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
+DELETING_CHECKPOINT_PREFIX = ".deleting-checkpoint-"  # an old checkpoint renamed so, then removed (keep-last-K)
 FINAL_MODEL_FILES = ("config.json", "adapter_config.json")  # either marks a finished run's final model
 LOCK = ".anyfit-run.lock"
 
@@ -53,15 +64,18 @@ class RunLock:
         if not self.enabled:
             return self
         self.created = not self.run_dir.exists()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         note = f"process {os.getpid()} on {socket.gethostname()}, started {time.strftime('%Y-%m-%d %H:%M:%S')}"
         lock = FileLock(self.run_dir / LOCK, wait=False, note=note, remove=True)
         try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             self.lock = lock.__enter__()
         except LockBusy as busy:
             raise ConfigError(f"train.output_dir {self.run_dir} is in use by a run that is still going "
                               f"({busy.holder or 'another process'}); wait for it to end, or choose another "
                               "train.output_dir.") from None
+        except OSError as e:  # a read-only disk, permissions, no room: said before any heavy work
+            raise FileFault(os_problem(e, {"train.output_dir": self.run_dir})) from None
+        remove_leftovers(self.run_dir)
         return self
 
     def __exit__(self, *exc) -> bool:
@@ -73,6 +87,16 @@ class RunLock:
                 with contextlib.suppress(OSError):
                     self.run_dir.rmdir()
         return False
+
+
+def remove_leftovers(run_dir: Path, prefixes: tuple[str, ...] = (TMP_CHECKPOINT_PREFIX, DELETING_CHECKPOINT_PREFIX)
+                     ) -> None:
+    """Remove what a killed run left half-done in ``run_dir``: a checkpoint being written (``.tmp-checkpoint-N``)
+    or being deleted (``.deleting-checkpoint-N``); no reader takes either for a checkpoint. Called by the process
+    that holds the run's lock, when no checkpoint is being written."""
+    for prefix in prefixes:
+        for path in Path(run_dir).glob(f"{prefix}*"):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def checkpoint_step(path: Path) -> int | None:
@@ -153,3 +177,27 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
 
 def write_run_info(run_dir: Path, info: dict[str, Any]) -> None:
     (Path(run_dir) / RUN_INFO).write_text(json.dumps(info, indent=2, default=str))
+
+
+def read_generations(run_dir: Path, up_to_step: int | None = None) -> list[dict[str, Any]]:
+    """The saved example answers of a run's generation evaluations, in order (each with its ``step``); ``[]``
+    when there are none. They only describe the run, so a line that does not parse (cut by a crash) is skipped."""
+    path = Path(run_dir) / GENERATIONS
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict) and (up_to_step is None or record.get("step", 0) <= up_to_step):
+            found.append(record)
+    return found
+
+
+def write_generations(run_dir: Path, records: list[dict[str, Any]], append: bool = True) -> None:
+    """Add ``records`` (example answers, each with its ``step``) to the run's generations file, or replace it
+    (a resumed run keeps the lines up to its checkpoint)."""
+    with (Path(run_dir) / GENERATIONS).open("a" if append else "w", encoding="utf-8") as f:
+        f.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))

@@ -18,7 +18,8 @@ PACKAGE = Path(anyfit.__file__).resolve().parent
 # same floor are peers and may not import each other (model and data meet only above them).
 LAYERS: list[tuple[str, ...]] = [
     ("anyfit", "anyfit.configs"),  # the version; the shipped config files
-    ("anyfit.durable", "anyfit.units"),  # files written whole, hashed, locked; GIB (standard library only)
+    # files written whole, hashed, locked; GIB; an error of the machine or its files in one line (standard library only)
+    ("anyfit.durable", "anyfit.units", "anyfit.faults"),
     ("anyfit.config",),  # the typed schema and its loader
     ("anyfit.runfolder", "anyfit.hub", "anyfit.cache"),  # the run folder; hub ids; the derived-data cache
     ("anyfit.hardware",),  # runtime policy: device, precision, memory, what may be sharded
@@ -26,9 +27,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("anyfit.planning",),  # memory and time estimates, the saver ladder, machine presets
     ("anyfit.backends",),  # how a run is spread over processes: replicated, FSDP2, ZeRO-3 (one interface)
     ("anyfit.evaluation",),  # generation, answer extraction, grading
-    ("anyfit.export",),  # a run as a standalone model, GGUF, the Hub
     ("anyfit.profiling",),  # torch.profiler traces of training steps, MFU, and config advice from them
     ("anyfit.training",),  # the loop and what it calls
+    ("anyfit.export",),  # a run as a standalone model, GGUF, the Hub (asks training which checkpoints are complete)
     ("anyfit.download", "anyfit.quickstart"),  # whole tasks built on everything below
     ("anyfit.cli",),  # the command line
     ("anyfit.__main__",),  # python -m anyfit

@@ -1,6 +1,8 @@
 """The ``anyfit`` command line: train, profile, env, render, plan, generate, eval, download, export, plot, configs,
 quickstart. Each sub-command's parser lives beside its handler (``register`` in each module); this module
-assembles them and turns a ``ConfigError``/``DataError`` into one ``anyfit: error:`` line (exit 2).
+assembles them and turns a ``ConfigError``/``DataError`` into one ``anyfit: error:`` line (exit 2), and an error of
+the machine or its files (a read-only or full disk, a file gone or damaged: ``anyfit.faults``) into one too (exit 1,
+or 2 for a damaged input file).
 
 Multi-process runs use the same command under a launcher:
 ``torchrun --nproc_per_node 2 -m anyfit train CONFIG.yaml`` (or ``accelerate launch -m anyfit ...``).
@@ -16,9 +18,10 @@ import gc
 import sys
 
 from anyfit.cli import finished, generation, machine, profile, render, setup, train
-from anyfit.cli.common import version
+from anyfit.cli.common import fault_places, version
 from anyfit.config import ConfigError, help_text
 from anyfit.data.sources import DataError
+from anyfit.faults import one_line
 from anyfit.runfolder import NotWritten
 
 # In the order `anyfit --help` lists them.
@@ -58,6 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as e:  # Ctrl-C outside the training steps (which stop cleanly on their own)
         print(f"anyfit: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return 130
+    except Exception as e:  # the machine or a file (anyfit.faults): one line; anything else keeps its traceback
+        fault = one_line(e, fault_places(args))
+        if fault is None:
+            raise
+        print(f"anyfit: error: {fault[0]}", file=sys.stderr)
+        return fault[1]
 
 
 def run() -> None:

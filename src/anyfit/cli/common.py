@@ -1,12 +1,15 @@
-"""What every sub-command shares: the config positional arguments and their loading, the version."""
+"""What every sub-command shares: the config positional arguments and their loading, the places a config names
+(for a file fault's one line), the version."""
 
 from __future__ import annotations
 
 import argparse
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
+from pathlib import Path
 
 from anyfit import __version__
+from anyfit.cache import cache_root
 from anyfit.config import Config, load_config
 
 
@@ -26,9 +29,24 @@ def config_and_overrides(args) -> tuple[str | None, list[str]]:
 
 
 def load(args, base=None) -> Config:
-    """The config of the command line; ``base``: a training run's config.yaml under it (eval/generate of a run)."""
+    """The config of the command line; ``base``: a training run's config.yaml under it (eval/generate of a run).
+    The places its settings name are kept on ``args`` (``places``) for a file fault's one line (``fault_places``)."""
     config, overrides = config_and_overrides(args)
-    return load_config(config, overrides, base=base, echo=print if base else None)
+    cfg = load_config(config, overrides, base=base, echo=print if base else None)
+    args.places = {"train.output_dir": cfg.train.output_dir, "data.cache_dir": cfg.data.cache_dir,
+                   "data.path": cfg.data.path, "eval.path": cfg.eval.path, "model.name_or_path": cfg.model.name_or_path,
+                   "model.tokenizer": cfg.model.tokenizer}
+    return cfg
+
+
+def fault_places(args) -> dict[str, str | Path | None]:
+    """Which setting (or option, or environment variable) names each place a command writes or reads, for
+    ``anyfit.faults.one_line`` to say which one to change: the cache roots, the command's ``--out``, and the
+    config's paths once it is loaded (``load``)."""
+    from huggingface_hub import constants  # start-up time: only when a command has failed
+
+    return {"ANYFIT_CACHE": cache_root(), "HF_HOME": constants.HF_HOME, "--out": getattr(args, "out", None),
+            **getattr(args, "places", {})}
 
 
 def version() -> str:

@@ -7,6 +7,7 @@ The names every layer uses are re-exported here, so ``from anyfit.config import 
 from anyfit.config.loading import build_config, config_file, load_config, set_by_user
 from anyfit.config.reference import field_help, help_text, reference_markdown
 from anyfit.config.schema import (
+    BEST_METRICS,
     DATA_FIELDS,
     NAMED_TEMPLATES,
     SECTIONS,
@@ -20,12 +21,13 @@ from anyfit.config.schema import (
     RuntimeConfig,
     TrainConfig,
     all_keys,
+    best_metric,
     keys_of,
     validate,
 )
 
 __all__ = [
-    "DATA_FIELDS", "NAMED_TEMPLATES", "SECTIONS", "TRACKERS", "Config", "ConfigError", "DataConfig", "EvalConfig",
-    "LoraConfig", "ModelConfig", "RuntimeConfig", "TrainConfig", "all_keys", "build_config", "config_file",
+    "BEST_METRICS", "DATA_FIELDS", "NAMED_TEMPLATES", "SECTIONS", "TRACKERS", "Config", "ConfigError", "DataConfig", "EvalConfig",
+    "LoraConfig", "ModelConfig", "RuntimeConfig", "TrainConfig", "all_keys", "best_metric", "build_config", "config_file",
     "field_help", "help_text", "keys_of", "load_config", "reference_markdown", "set_by_user", "validate",
 ]

@@ -29,6 +29,8 @@ FOREIGN_KEYS: dict[str, tuple[str, str]] = {
     "output_dir": ("train.output_dir", ""),
     "save_steps": ("train.save_every", ""),
     "save_total_limit": ("train.keep_last", ""),
+    "load_best_model_at_end": ("train.keep_best", "validation_loss or accuracy; anyfit export takes the best"),
+    "metric_for_best_model": ("train.keep_best", "validation_loss, accuracy, or min:KEY / max:KEY"),
     "logging_steps": ("train.log_every", ""),
     "seed": ("train.seed", ""),
     "resume_from_checkpoint": ("train.resume", "'auto' or a checkpoint folder"),

@@ -173,6 +173,9 @@ def config_file(path: str | Path) -> Path:
     """``path`` if it is a file, else the shipped config of that name (``anyfit configs`` lists them)."""
     if Path(path).is_file():
         return Path(path)
+    if Path(path).is_dir():
+        raise ConfigError(f"Config file {path} is a folder, not a YAML file: give the config file inside it (e.g. "
+                          f"{Path(path) / 'config.yaml'}).")
     found = configs.find(str(path))
     if found is not None and not Path(path).parent.name:  # a bare name, never a missing path
         return found

@@ -180,6 +180,11 @@ class TrainConfig:
     max_grad_norm: float = _f(1.0, "Clip the global gradient norm to this (0: no clipping).")
     save_every: int = _f(0, "Write a checkpoint every N steps (0: only the final model).")
     keep_last: int = _f(2, "Keep this many most recent checkpoints.")
+    keep_best: str | None = _f(
+        None, "Keep the checkpoint with the best validation metric outside keep_last's rotation: validation_loss, "
+        "accuracy (generation accuracy), base_kl, or min:KEY / max:KEY for any metric of the evaluation lines. A "
+        "better value writes a checkpoint at that step; best.json in the run folder names it, and anyfit export "
+        "exports it by default (--last: the final model).")
     log_every: int = _f(10, "Write a metrics line every N steps (each costs one device-to-host sync).")
     report_to: list[str] | str = _f(
         "none", "Also send every metrics line to experiment trackers, through Accelerate's: none, or one or a list of "
@@ -190,7 +195,12 @@ class TrainConfig:
         None, "Continue a run: 'auto' (the newest complete checkpoint in output_dir; a fresh start if there is "
         "none) or the path of a checkpoint-N folder, written with any process count and sharding. Restores weights, "
         "optimizer, scheduler, loss scaler, RNG states and the position in the data. Unset inside a job that torchrun "
-        "or SLURM restarted: auto.")
+        "or SLURM restarted: auto. Settings changed since the checkpoint are listed: each is applied (a new "
+        "learning rate or length: the new schedule from the resumed step on) or refused with the reason.")
+    resume_changed_data: bool = _f(
+        False, "Resume even though the training data differs from the checkpoint's (records edited, added or removed, "
+        "or tokenized differently): the remaining steps draw from the new data in its own seeded order, and the "
+        "difference is printed and recorded in run_info.json. Off: such a resume stops and says what changed.")
     packing: bool = _f(
         True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
         "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example. Models with "
@@ -216,6 +226,23 @@ class TrainConfig:
     max_nonfinite_steps: int = _f(
         3, "Stop with a diagnosis after this many optimizer steps in a row with a non-finite loss or gradient "
         "(each one is skipped: no update).")
+    watch_base: bool | Literal["auto"] = _f(
+        "auto", "At every validation, log base_kl: the mean per-token KL divergence KL[base, tuned] in nats of the "
+        "next-token distributions on held-out text (eval.base_text, else the validation prompts): how far the model drifts "
+        "from the base on text it already handled. LoRA: exact (the adapters disabled), one more forward per "
+        "validation batch. Full fine-tuning: the base's top eval.base_top_k log-probabilities are computed once "
+        "before the first update and kept; the KL over them plus the rest of the vocabulary as one bucket is a lower "
+        "bound of the full KL. auto: on with LoRA when eval.every > 0 and there is held-out text.")
+    base_kl_warn: float = _f(
+        0.5, "Print a warning when base_kl grows past this many nats per token (0: never). 0.5 nats is about a "
+        "1.6x average change of the probability ratio of the base's likely tokens; a light fine-tune stays well "
+        "below 0.1.")
+    base_kl_weight: float = _f(
+        0.0, "Add this weight x the mean per-token KL[base, tuned] over the trained tokens to the loss (normalised "
+        "over the window's trained tokens as the loss is; the logged loss stays the cross-entropy): anchors the "
+        "model to the base. LoRA only (the base is the adapters disabled: one more forward, without gradient, per "
+        "micro-batch, and fp32 log-probabilities of both models at the trained positions); not with "
+        "train.fused_loss. 0: off.")
 
 
 @dataclass
@@ -234,6 +261,15 @@ class EvalConfig:
                              "--max-new-tokens is given.")
     batch_size: int | Literal["auto"] = _f("auto", "Generation batch size (also anyfit eval's, unless --batch-size is "
                                            "given); auto sizes it from free memory and the KV cache.")
+    base_text: str | None = _f(
+        None, "Held-out general text for base_kl (train.watch_base): a .jsonl (or .json, .csv, .parquet) file of "
+        "{\"text\": ...} records, tokenized with the run's tokenizer. Default: the validation examples' prompts.")
+    base_text_tokens: int = _f(
+        32768, "At most this many tokens of eval.base_text (or of the validation prompts) for base_kl; each text is "
+        "cut to data.max_length.")
+    base_top_k: int = _f(
+        64, "Full fine-tuning's base_kl: the base model's top-k log-probabilities kept per position (k x 12 bytes per "
+        "position, in memory and in the run folder); exact when k >= the vocabulary.")
 
 
 @dataclass
@@ -351,10 +387,12 @@ def validate(cfg: Config) -> None:
                        ("runtime.num_workers", 0 if cfg.runtime.num_workers == "auto" else cfg.runtime.num_workers)]:
         if value < 0:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
+    _check_forgetting(cfg)
     if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):
         raise ConfigError("Set either eval.holdout (records taken from the training data) or eval.path/eval.split "
                           "(separate held-out data), not both.")
     _check_mix(cfg)
+    _check_keep_best(cfg)
     if cfg.data.num_proc != "auto" and cfg.data.num_proc < 1:
         raise ConfigError(f"'data.num_proc' must be at least 1 or 'auto', got {cfg.data.num_proc}.")
     if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
@@ -390,6 +428,57 @@ def validate(cfg: Config) -> None:
     if unknown_fields:
         raise ConfigError(f"'data.fields' maps unknown anyfit fields {sorted(unknown_fields)}; the keys must be among "
                           f"{', '.join(DATA_FIELDS)} (the values are your column names).")
+
+
+# train.keep_best's names, as the metrics.jsonl key they compare and whether lower is better. Any other metric of
+# an evaluation line is named with its direction: min:KEY or max:KEY.
+BEST_METRICS = {"validation_loss": ("val_loss", True), "val_loss": ("val_loss", True),
+                "accuracy": ("gen_accuracy", False), "gen_accuracy": ("gen_accuracy", False),
+                "base_kl": ("base_kl", True)}
+
+
+def best_metric(setting: str) -> tuple[str, bool]:
+    """``train.keep_best``'s metrics.jsonl key and whether lower is better; a ConfigError for a name whose
+    direction it cannot tell."""
+    if setting in BEST_METRICS:
+        return BEST_METRICS[setting]
+    direction, _, key = setting.partition(":")
+    if direction in ("min", "max") and key:
+        return key, direction == "min"
+    raise ConfigError(f"train.keep_best={setting!r}: use validation_loss, accuracy or base_kl, or any metric of the "
+                      "evaluation lines with the direction that is better: min:KEY or max:KEY.")
+
+
+def _check_keep_best(cfg: Config) -> None:
+    """train.keep_best names a metric an evaluation of this run measures."""
+    setting = cfg.train.keep_best
+    if not setting:
+        return
+    key, _ = best_metric(setting)
+    needs = {"val_loss": ("eval.every", cfg.eval.every), "base_kl": ("eval.every", cfg.eval.every),
+             "gen_accuracy": ("eval.generate_every", cfg.eval.generate_every)}.get(key)
+    if needs and not needs[1]:
+        raise ConfigError(f"train.keep_best={setting} compares {key} at each evaluation, and none is run: set "
+                          f"{needs[0]} > 0 (and held-out data: eval.holdout, eval.path or eval.split).")
+
+
+def _check_forgetting(cfg: Config) -> None:
+    """train.watch_base, base_kl_warn, base_kl_weight and eval.base_*."""
+    t, lora = cfg.train, cfg.lora.enabled or cfg.lora.qlora
+    for key, value in [("train.base_kl_warn", t.base_kl_warn), ("train.base_kl_weight", t.base_kl_weight)]:
+        if value < 0:
+            raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
+    for key, value in [("eval.base_text_tokens", cfg.eval.base_text_tokens), ("eval.base_top_k", cfg.eval.base_top_k)]:
+        if value < 1:
+            raise ConfigError(f"'{key}' must be at least 1, got {value}.")
+    if t.watch_base is True and cfg.eval.every == 0:
+        raise ConfigError("train.watch_base=true measures base_kl at every validation: set eval.every > 0.")
+    if t.base_kl_weight and not lora:
+        raise ConfigError("train.base_kl_weight > 0 needs LoRA (the base is the model with its adapters disabled); "
+                          "with full fine-tuning it would need a second model: set train.base_kl_weight=0.")
+    if t.base_kl_weight and t.fused_loss:
+        raise ConfigError("train.base_kl_weight > 0 needs the logits, which train.fused_loss never forms: set one "
+                          "of them off.")
 
 
 # data.* keys a data.mix entry may set for itself (the store settings stay run-wide).

@@ -9,6 +9,7 @@ chunk. Both count their rows from metadata without converting any. A record's pl
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,8 +33,15 @@ def _open_parquet(path: Path):
 
 
 def _not_parquet(path: Path, error: Exception) -> DataError:
-    return DataError(f"{path} is not a readable Parquet file ({error}). Check that it was written completely, "
-                     "or give the data as .jsonl.")
+    text = " ".join(str(error).split())
+    if "magic bytes not found" in text:
+        what = "Parquet magic bytes not found: the file is cut short or is not Parquet"
+    elif "size is 0" in text:
+        what = "the file is empty"
+    else:
+        what = "its data is damaged"
+    return DataError(f"{path} is not a readable Parquet file ({text}): {what}. Write it again completely, or give "
+                     "the data as .jsonl.")
 
 
 def parquet_rows(path: Path) -> int:
@@ -80,8 +88,9 @@ def parquet_chunks(path: Path, start: int, stop: int | None, batch_size: int) ->
 
 
 @contextmanager
-def _arrow_batches(path: Path):
-    """The file's record batches, memory-mapped (a batch's data is only read where it is converted)."""
+def _arrow_batches(path: Path, validate: bool = True):
+    """The file's record batches, memory-mapped (a batch's data is only read where it is converted), each checked
+    whole unless only counted (``validate=False``)."""
     import pyarrow as pa
 
     try:
@@ -99,27 +108,42 @@ def _arrow_batches(path: Path):
                 batches = iter(pa.ipc.open_stream(source))
         except (pa.ArrowException, OSError) as e:
             raise _not_arrow(path, e) from None
-        yield _checked(path, batches)
+        yield _checked(path, batches, validate)
     finally:
         source.close()
 
 
-def _checked(path: Path, batches: Iterator) -> Iterator:
+def _checked(path: Path, batches: Iterator, validate: bool) -> Iterator:
+    """The batches, each with ``validate`` checked whole before it is converted: the IPC reader trusts the offsets
+    and bytes of a batch's buffers, and a damaged file's batch would otherwise convert into other text, fail as
+    text that is not UTF-8, or crash the process (out-of-bounds offsets into the memory map)."""
     import pyarrow as pa
 
     try:
-        yield from batches
+        for batch in batches:
+            if validate:
+                batch.validate(full=True)
+            yield batch
     except (pa.ArrowException, OSError) as e:
         raise _not_arrow(path, e) from None
 
 
 def _not_arrow(path: Path, error: Exception) -> DataError:
-    return DataError(f"{path} is not a readable Arrow file ({error}). Check that it was written completely (by "
-                     "Dataset.save_to_disk, or pyarrow's IPC writers), or give the data as .jsonl or .parquet.")
+    text = " ".join(str(error).split())
+    with contextlib.suppress(OSError), path.open("rb") as f:
+        file_format = f.read(len(_ARROW_FILE_MAGIC)) == _ARROW_FILE_MAGIC
+    if "Expected to be able to read" in text or (file_format and text.startswith("Not an Arrow file")):
+        what = "it is cut short (it ends inside a record batch, or before the IPC file's footer)"
+    elif any(s in text for s in ("IPC message", "schema message", "metadata bytes", "Not an Arrow file")):
+        what = "not an Arrow IPC stream or file (its first bytes are no Arrow message)"
+    else:
+        what = "a record batch is damaged"
+    return DataError(f"{path} is not a readable Arrow file ({text}): {what}. Write it again (Dataset.save_to_disk, "
+                     "or pyarrow's IPC writers), or give the data as .jsonl or .parquet.")
 
 
 def arrow_rows(path: Path) -> int:
-    with _arrow_batches(path) as batches:
+    with _arrow_batches(path, validate=False) as batches:
         return sum(batch.num_rows for batch in batches)
 
 

@@ -13,11 +13,12 @@ import random
 from dataclasses import dataclass, field
 
 from anyfit.config import Config, ConfigError, DataConfig
+from anyfit.data import fingerprint
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.mixture import MixedExamples, draw, sources_of
 from anyfit.data.sources import DataError, Records, iter_records
-from anyfit.data.store import Examples, open_or_build
+from anyfit.data.store import Examples, TokenStore, open_or_build
 from anyfit.data.tokenization import DataReport, nothing_left
 
 
@@ -77,6 +78,26 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
                               "column with data.fields: {answer: ...}, or use solutions ending in \\boxed{...} "
                               "or '#### N'.")
     return data
+
+
+def data_fingerprint(examples: Examples | MixedExamples) -> tuple[dict, list]:
+    """What the run's windows read, as ``anyfit.data.fingerprint`` compares it at a resume, and each source's
+    record digests."""
+    if isinstance(examples, MixedExamples):
+        parts, draws = examples.parts, [examples.source.tobytes(), examples.rows.tobytes()]
+    else:
+        parts, draws = [examples], []
+    sources = [_source(part.store) for part in parts]
+    draws = [part.rows.tobytes() for part in parts] + draws
+    return ({"trained": fingerprint.trained_fingerprint(sources, draws), "sources": sources},
+            [part.store.arrays["record_digest"] for part in parts])
+
+
+def _source(store: TokenStore) -> dict:
+    m = store.manifest
+    return {"path": m["source"], "split": m["split"], "key": m["key"], "records": store.records,
+            "examples": len(store), "tokens": fingerprint.store_tokens(m, ("input_ids.bin", "loss_mask.bin",
+                                                                            "offsets.bin"))}
 
 
 def _mixture(cfg: Config, tokenizer, echo) -> MixedExamples:

@@ -12,6 +12,8 @@ Layout of one store (a folder named by its key, under ``data.cache_dir``, defaul
     part_fate.bin       uint8, per part: kept, cut, or why it was dropped (``tokenization.Fate``)
     part_example.bin    int64, per part: its example's index, -1 when dropped
     part_cut.bin        int32, per part: the tokens the cut to data.max_length removed (0 when not cut)
+    record_digest.bin   uint64, per source record: a digest of the record (what a checkpoint keeps to tell a
+                        resumed run which records changed: ``anyfit.data.fingerprint``)
     manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
 
 Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
@@ -38,6 +40,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import io
 import itertools
 import json
 import multiprocessing
@@ -55,21 +58,23 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from anyfit import durable
+from anyfit import durable, faults
 from anyfit.cache import cache_root, digest_memo
 from anyfit.config import DataConfig
 from anyfit.data import answers, audit, chat, formats, messages, stopping, template_probes, templates, tokenization
 from anyfit.data.audit import Findings
 from anyfit.data.chat import use_chat_template
+from anyfit.data.fingerprint import record_digests
 from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
 from anyfit.units import GIB
 
-FORMAT = 3  # 2: record_cut.bin; 3: parts (a record can make several examples)
+FORMAT = 4  # 2: record_cut.bin; 3: parts (a record can make several examples); 4: record_digest.bin
 # name -> dtype; the per-example and per-record arrays are small next to the token arrays.
 ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
-          "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32}
+          "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32,
+          "record_digest": np.uint64}
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
@@ -266,10 +271,21 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
             writer.finish(cfg, key=folder.name)
     except BaseException as e:
         batches.close()  # its progress bar clears its line before anything is printed
+        done = writer.records if writer is not None else 0
+        for file in vars(writer).values() if writer is not None else ():  # open, they hold the removed files' space
+            if isinstance(file, io.IOBase):
+                with contextlib.suppress(OSError):  # a full disk fails the flush; the file is closed all the same
+                    file.close()
         if isinstance(e, KeyboardInterrupt):
-            done = writer.records if writer is not None else 0
             raise KeyboardInterrupt(f"stopped while tokenizing {cfg.path}, after {done:,} records; nothing was kept: "
                                     "the next run (or anyfit prepare) tokenizes it again") from None
+        place = {"data.cache_dir" if cfg.cache_dir else "ANYFIT_CACHE": folder.parent}
+        if isinstance(e, OSError) and (e.filename is None or faults.setting_of(e.filename, place)):
+            # the store's own disk: full, read-only, gone (a data file's error is the reader's to name)
+            written = (writer.offsets[-1] * 5 if writer is not None else 0) / 2**20  # int32 id + uint8 mask a token
+            raise faults.FileFault(
+                faults.os_problem(e, place, doing=f"the token store of {cfg.path} was not written", where=folder.parent)
+                + f" Nothing was kept (it failed after {done:,} records, {written:.1f} MiB of tokens).") from None
         raise
     echo(f"[anyfit] token store: {folder} (built: {writer.records:,} records, {writer.kept:,} examples)")
 
@@ -291,9 +307,10 @@ class _Packed:
     mask: np.ndarray  # uint8, 1 where the token is trained on
     cuts: np.ndarray  # int32, one per part: tokens truncation removed
     findings: Findings  # the batch's unread fields and mask audit
+    digests: np.ndarray  # uint64, one per record
 
     @staticmethod
-    def of(batch: list[tokenization.RecordResult]) -> _Packed:
+    def of(batch: list[tokenization.RecordResult], records) -> _Packed:
         findings = Findings()
         for result in batch:
             findings.add(result)
@@ -310,7 +327,7 @@ class _Packed:
             raise AssertionError("a label differs from its token id; the token store cannot hold it")
         return _Packed(owners, np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
                        mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)),
-                       findings)
+                       findings, record_digests(records, len(records)))
 
 
 def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
@@ -329,7 +346,7 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
     bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
     try:
         bar.update(len(first))
-        yield _Packed.of(tokenize_each(first_examples, tokenizer, cfg))
+        yield _Packed.of(tokenize_each(first_examples, tokenizer, cfg), first)
         if ahead:
             yield from _rest(rest_cfg, tokenizer, first, ahead, batches, bar)
     finally:
@@ -351,7 +368,7 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records],
     if workers <= 1:
         for batch, start in numbered():
             bar.update(len(batch))
-            yield _Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg))
+            yield _Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg), batch)
         return
     # spawn, not fork: the parent may hold a process group and torch's threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
@@ -424,7 +441,7 @@ def _places(batch: Records) -> list[str]:
 def _tokenize_in_worker(records: list[dict], places: list[str], start: int) -> _Packed:
     cfg = _WORKER["cfg"]
     batch = Records(records, places.__getitem__)
-    return _Packed.of(tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg))
+    return _Packed.of(tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg), records)
 
 
 class _Writer:
@@ -436,6 +453,7 @@ class _Writer:
         self.mask = (folder / "loss_mask.bin").open("wb")
         self.offsets, self.trainable = array("q", [0]), array("i")
         self.part_record, self.fates, self.part_example, self.cuts = array("q"), array("B"), array("q"), array("i")
+        self.digests = (folder / "record_digest.bin").open("wb")
         self.lengths: list[int] = []
         self.records = 0
         self.findings = Findings()
@@ -450,6 +468,7 @@ class _Writer:
         self.part_record.extend((self.records + batch.records).tolist())
         self.records += int(batch.records[-1]) + 1 if len(batch.records) else 0  # every record has a part
         self.findings.merge(batch.findings)
+        self.digests.write(batch.digests.tobytes())
         self.fates.extend(batch.fates.tolist())
         self.cuts.extend(batch.cuts.tolist())
         self.part_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
@@ -469,12 +488,13 @@ class _Writer:
     def finish(self, cfg: DataConfig, key: str) -> None:
         self.ids.close()
         self.mask.close()
+        self.digests.close()
         for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("part_record", self.part_record),
                              ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts)):
             (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
         counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
                   "trainable": len(self.trainable), "part_record": len(self.part_record), "part_fate": len(self.fates),
-                  "part_example": len(self.part_example), "part_cut": len(self.cuts)}
+                  "part_example": len(self.part_example), "part_cut": len(self.cuts), "record_digest": self.records}
         header = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
                   "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
                   "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg))}

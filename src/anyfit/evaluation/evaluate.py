@@ -167,8 +167,10 @@ def run_eval(backend: InferenceBackend, examples: Sequence[Example], cfg: DataCo
     return rows, summary
 
 
-def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config) -> dict[str, Any]:
-    """Greedy-generation metrics of a model already in memory (no reload): the call for a training loop.
+def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Greedy-generation metrics of a model already in memory (no reload): the call for a training loop; the
+    graded rows (one per example, as ``predictions.jsonl`` holds them) and the summary.
     Prompts laid out by ``cfg.data``, ``eval.max_new_tokens`` and ``eval.batch_size`` from ``cfg.eval``.
 
     Runs under ``torch.inference_mode`` in eval mode and restores the training mode; the RNG is untouched.
@@ -179,8 +181,7 @@ def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config) 
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module  # generate() lives on the wrapped model; each process evaluates its own copy
     backend = TransformersBackend(model, tokenizer, batch_size=cfg.eval.batch_size)
-    _, summary = run_eval(backend, examples, cfg.data, default_params(cfg))
-    return summary
+    return run_eval(backend, examples, cfg.data, default_params(cfg))
 
 
 def write_results(out_dir: str | Path, rows: Sequence[dict], summary: dict[str, Any]) -> tuple[Path, Path]:

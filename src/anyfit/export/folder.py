@@ -30,13 +30,15 @@ from anyfit.hardware.runtime import quiet_deepspeed
 from anyfit.model.composite import model_class
 from anyfit.model.loading import load_for_inference
 from anyfit.runfolder import RUN_CONFIG
+from anyfit.training.checkpoints.best import FINAL, read_best
 
 
 def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None = None,
            gguf: str | list[str] | tuple[str, ...] = (), push: str | None = None, private: bool = False,
            overwrite: bool = False, eval_summary: str | Path | None = None, command: str | None = None,
-           api=None, echo=print) -> ExportResult:
-    """Export ``run`` (a training output folder, a checkpoint or any model folder) to ``out``.
+           last: bool = False, api=None, echo=print) -> ExportResult:
+    """Export ``run`` (a training output folder, a checkpoint or any model folder) to ``out``. A run that kept
+    its best checkpoint (``train.keep_best``) is exported from that one unless ``last`` (its final model).
 
     ``dtype``: bf16, fp16 or fp32 (default: the base model's recorded dtype, else bf16). ``gguf``: GGUF
     types to write next to the weights (``GGUF_TYPES``), each checked by ``check_gguf``. ``push``: a Hub
@@ -46,7 +48,8 @@ def export(run: str | Path, out: str | Path | None = None, *, dtype: str | None 
     line to record in the card. Every input is checked before any weights load (``check_request``).
     """
     quiet_deepspeed()
-    req = check_request(run, out, dtype=dtype, gguf=gguf, push=push, overwrite=overwrite,
+    run, out = Path(run).expanduser(), out or f"{Path(run).expanduser()}-export"  # next to RUN, also from its best
+    req = check_request(best_of(run, last, echo), out, dtype=dtype, gguf=gguf, push=push, overwrite=overwrite,
                         eval_summary=eval_summary, api=api)
     echo(f"[anyfit] export: {req.run} -> {req.out} ({req.dtype}: {req.dtype_reason})")
     if req.gather:
@@ -107,3 +110,14 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
     (folder / "README.md").write_text(card, encoding="utf-8")
     follow_umask(folder)
     return result
+
+
+def best_of(run: Path, last: bool, echo=print) -> Path:
+    """The folder to export of ``run``: the checkpoint ``best.json`` names (``train.keep_best``) unless ``last``
+    or the final model is the best; ``run`` itself otherwise."""
+    best = None if last else read_best(run)
+    if best is None or best["checkpoint"] == FINAL:
+        return run
+    echo(f"[anyfit] export: the run's best checkpoint by {best['metric']} ({best['value']:.6g} at step "
+         f"{best['step']}): {best['checkpoint']} (--last exports the final model)")
+    return run / best["checkpoint"]

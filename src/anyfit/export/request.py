@@ -20,8 +20,18 @@ from anyfit.config import ConfigError, load_config
 from anyfit.export import ExportError
 from anyfit.export.sharded import needs_gathering, sharded_location
 from anyfit.hub import is_hub_id
-from anyfit.model.source import ModelLocation, locate_model
-from anyfit.runfolder import checkpoint_dirs, has_final_model, read_metrics, read_run_info, run_config_path, run_of
+from anyfit.durable import MANIFEST
+from anyfit.model.source import ModelLocation, check_weights, locate_model
+from anyfit.runfolder import (
+    RUN_CONFIG,
+    checkpoint_dirs,
+    has_final_model,
+    read_metrics,
+    read_run_info,
+    run_config_path,
+    run_of,
+)
+from anyfit.training.checkpoints.integrity import STATE, checkpoint_problem, complete_checkpoints
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 _DTYPE_NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -53,6 +63,7 @@ def check_request(run, out=None, *, dtype=None, gguf=(), push=None, overwrite=Fa
     if not run_path.is_dir():
         raise ExportError(f"{run_path} is not a folder: give a training output folder or a model folder "
                           "(a .gguf file is already an export).")
+    _refuse_incomplete_checkpoint(run_path, full=False)  # sizes: at once
     gather = needs_gathering(run_path)  # a sharded checkpoint: gathered into safetensors first (export.sharded)
     if not gather:
         _refuse_unfinished_run(run_path)
@@ -69,6 +80,9 @@ def check_request(run, out=None, *, dtype=None, gguf=(), push=None, overwrite=Fa
     summary = _read_eval_summary(eval_summary) if eval_summary else None
     if push:
         check_push(push, api)
+    _refuse_incomplete_checkpoint(run_path, full=True)  # every byte, once the quick checks have passed
+    if not gather:
+        _check_weights(location)
     name, reason = (dtype, "as asked") if dtype else default_dtype(run_path, location, run_files)
     return ExportRequest(run_path, out_path, location, name, reason, gguf_types, run_files, summary, push, gather)
 
@@ -78,10 +92,51 @@ def _refuse_unfinished_run(run: Path) -> None:
         return
     checkpoints = checkpoint_dirs(run)
     if checkpoints or run_config_path(run) is not None:
-        hint = (f" Export its newest checkpoint ({checkpoints[-1]}), or finish the run with train.resume=auto."
-                if checkpoints else " Its final model is written when training ends.")
+        hint = f" {_complete_ones(run)}" if checkpoints else " Its final model is written when training ends."
         raise ExportError(f"{run} is an unfinished training run: it holds no final model (config.json or "
                           f"adapter_config.json).{hint}")
+
+
+def _complete_ones(run: Path, but: Path | None = None) -> str:
+    """What to export instead from ``run``: its newest complete checkpoint (``integrity`` decides; sizes checked,
+    hashes when it is exported), or that none is, and why not the newest."""
+    complete = [p for p in complete_checkpoints(run) if p != but]
+    if complete:
+        return f"Export its newest complete checkpoint ({complete[-1]}), or finish the run with train.resume=auto."
+    newest = ([p for p in checkpoint_dirs(run) if p != but] or [None])[-1]
+    why = f" ({newest.name}: {checkpoint_problem(newest, full=False)})" if newest is not None else ""
+    return (f"None of its checkpoints is complete{why}: nothing of it can be exported or resumed; train it again "
+            "(train.overwrite=true).")
+
+
+def _refuse_incomplete_checkpoint(folder: Path, full: bool) -> None:
+    """A checkpoint anyfit wrote (``checkpoint-N`` with its manifest, or with its trainer state and config.yaml)
+    must be complete and intact, every file's size (and with ``full`` its hash) as its manifest says
+    (``integrity``), before any weights load: a copy cut short or a full disk is one line naming the file. Other
+    folders called ``checkpoint-N`` (transformers' Trainer writes them; a model copied there) are checked as model
+    folders."""
+    _, step = run_of(folder)
+    anyfits = (folder / MANIFEST).is_file() or all((folder / name).is_file() for name in (STATE, RUN_CONFIG))
+    if step is None or not anyfits:
+        return
+    problem = checkpoint_problem(folder, full=full)
+    if problem:
+        raise ExportError(f"{folder} is not a complete checkpoint: {problem}. "
+                          f"{_complete_ones(folder.parent, but=folder)}")
+
+
+def _check_weights(location: ModelLocation) -> None:
+    """The weights about to load are there and whole (``anyfit.model.source.check_weights``: each safetensors
+    header against its file's size): the adapter's folder and a local base model's."""
+    adapter = Path(location.adapter) if location.adapter else None
+    folders = [adapter] if adapter is not None and any(adapter.glob("*.safetensors")) else []
+    if location.gguf_file is None and Path(location.base).is_dir():
+        folders.append(Path(location.base))
+    for folder in folders:
+        try:
+            check_weights(folder)
+        except ConfigError as e:
+            raise ExportError(str(e).removeprefix("model.name_or_path: ")) from None
 
 
 def _check_out(out: Path, run: Path, overwrite: bool) -> None:

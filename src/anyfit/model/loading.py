@@ -33,6 +33,8 @@ def load_tokenizer(cfg: ModelConfig):
     from transformers import AutoTokenizer
 
     src = ModelSource.from_config(cfg)
+    if src.gguf_file and not cfg.tokenizer:  # gguf's reader says nothing useful of a file cut short
+        src.check_weights()
     kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
     if cfg.tokenizer:
         check_model_id(cfg.tokenizer, cfg.revision, key="model.tokenizer")

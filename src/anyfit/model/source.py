@@ -57,10 +57,17 @@ class ModelSource:
         return ModelSource(str(p))
 
     def check_weights(self) -> None:
-        """For a local model folder: its weights are there and whole (``check_weights``); hub ids and GGUF files
-        are checked by their own loaders."""
+        """For a local model folder: its weights are there and whole (``check_weights``); a local GGUF file: its
+        header read and the tensors it places there (``gguf_cache.gguf_problem``); hub ids are checked by their
+        own loaders."""
         if self.gguf_file is None and Path(self.path).is_dir():
             check_weights(Path(self.path))
+        elif self.gguf_file is not None and (Path(self.path) / self.gguf_file).is_file():
+            file = Path(self.path) / self.gguf_file
+            problem = gguf_cache.gguf_problem(file)
+            if problem:
+                raise ConfigError(f"model.name_or_path: {file} {problem}: an incomplete download or copy; fetch it "
+                                  "again.")
 
 
 def check_weights(folder: Path) -> None:

@@ -32,7 +32,7 @@ from anyfit.data.batching import (
     WindowSampler,
     collate,
 )
-from anyfit.data.prepare import TrainingData, prepare_training_data
+from anyfit.data.prepare import TrainingData, data_fingerprint, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import load_tokenizer
 from anyfit.model.moe import adapter_in_experts, router_balance_of
@@ -44,6 +44,7 @@ from anyfit.runfolder import METRICS, RunLock
 from anyfit.training.autofit import auto_micro_batch, backward_with_retry
 from anyfit.training.checkpoints.checkpoint import Checkpointer, TrainState, load_checkpoint, save_final_model
 from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnosis
+from anyfit.training.forgetting import watch_base
 from anyfit.training.checkpoints.integrity import complete_checkpoints
 from anyfit.training.interruption import StopOnSignal
 from anyfit.training.loss import token_loss_sum
@@ -62,6 +63,9 @@ from anyfit.training.run_record import (
     start_run_dir,
 )
 from anyfit.training.plot import plot_run
+from anyfit.training.report import write_report
+from anyfit.training.checkpoints.best import FINAL, Best
+from anyfit.training.checkpoints.changes import check_data, resume_lines, resume_record
 from anyfit.training.checkpoints.start import where_to_start
 from anyfit.training.validation import InTrainingEval
 
@@ -87,7 +91,9 @@ class Run:
     backend: Backend
     accelerator: object
     state: TrainState  # model, optimizer, scheduler (as the backend wrapped them) and tokenizer: what checkpoints hold
-    bare: torch.nn.Module  # the model as loaded: the same module under the backend's wrapper (its config, result)
+    # the model as loaded: the same module under the backend's wrapper (its config, result); not Accelerate's
+    # unwrap_model, which imports DeepSpeed (and mlflow through it: 2 s) wherever DeepSpeed is installed
+    bare: torch.nn.Module
     data: TrainingData
     stream: StepStream
     evaluator: InTrainingEval
@@ -96,6 +102,7 @@ class Run:
     steps: int
     start: int = 0
     skipped_before: int = 0
+    best_before: dict | None = None  # train.keep_best's record in the resumed checkpoint
     loaded: int = 0  # parameter elements this process read from the weights (none on the meta device)
     flops: ModelFlops | None = None  # model FLOPs of a window (for MFU; anyfit.profiling.flops)
     peak: DevicePeak | None = None  # one device's dense peak, what MFU is measured against
@@ -158,9 +165,10 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_f
     # draws the same windows
     ModelSource.from_config(cfg.model).check_weights()  # a broken model folder is one line before any data work
     tokenizer = load_tokenizer(cfg.model)
-    collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=cfg.train.packing)
     data = prepare_training_data(cfg, tokenizer, say)
     say(f"[anyfit] data: {data.report.summary()}")
+    drawn = data_fingerprint(data.examples)  # what the windows read: each checkpoint keeps it, a resume compares
+    data_note = resume_from and check_data(resume_from, drawn, cfg.train.resume_changed_data)  # before the model
     if data.eval_report:
         say(f"[anyfit] eval data: {data.eval_report.summary()}")
     sampler = WindowSampler.of(data.examples, plan, split.data_rank, cfg.train.seed)
@@ -178,41 +186,40 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_f
                                  accelerator.device, policy.compute_dtype, accelerator.autocast,
                                  check=cfg.train.packing_check)
         say(f"[anyfit] {packing.line}")
-        collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=packing.packed)
+    collate_fn = functools.partial(collate, pad_id=tokenizer.pad_token_id, packed=bool(packing and packing.packed))
     if split.active:  # after the self-test, which runs whole sequences on every process
         split_attention(loaded.model, split.degree)
         say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
             f"{split.data_size} data-parallel group(s)")
     model.train()
-    # loaded.model, not Accelerate's unwrap_model: the same module under the backend's wrapper, without the import
-    # of DeepSpeed (and mlflow through it: 2 s) that unwrap_model makes wherever DeepSpeed is installed
     flops = ModelFlops.of(shape_from_config(loaded.model.config.get_text_config()),
                           loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0,
                           adapter_in_experts(loaded.model))  # LoRA on fused MoE experts (ModelShape.lora_flops)
     peak = device_peak(policy.device, policy.precision)
+    base = watch_base(cfg, backend, accelerator, model, loaded, data, tokenizer, collate_fn, loss_fn, split, start, say)
     if cfg.train.micro_batch == "auto":
-        plan = sampler.plan = auto_micro_batch(backend, accelerator, model, data.examples, plan, collate_fn, loss_fn,
+        plan = sampler.plan = auto_micro_batch(backend, accelerator, model, data.examples, plan, collate_fn, base.loss,
                                                device=policy.device, memory_fraction=cfg.runtime.memory_fraction,
                                                trainable_params=loaded.trainable, echo=say, lockstep=split.active)
-
     stream = StepStream(WindowBatches(sampler, data.examples, collate_fn), steps, policy.num_workers,
                         policy.pin_memory)
     run = Run(cfg=cfg, policy=policy, backend=backend, accelerator=accelerator,
-              state=TrainState(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer=tokenizer),
-              bare=loaded.model,
-              data=data, stream=stream, evaluator=InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split),
-              loss_fn=loss_fn, out=out, steps=steps, loaded=loaded.read, flops=flops, peak=peak, save_final=save_final,
-              split=split)
+              state=TrainState(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer=tokenizer, data=drawn),
+              bare=loaded.model, data=data, stream=stream,
+              evaluator=InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split, base.watch), loss_fn=base.loss,
+              out=out, steps=steps, loaded=loaded.read, flops=flops, peak=peak, save_final=save_final, split=split)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
         saved = load_checkpoint(backend, accelerator, resume_from, run.state)
         run.start, run.skipped_before = saved["step"], saved.get("skipped_steps", 0)
-        say(f"[anyfit] resumed from {resume_from} at step {run.start} of {steps}")
+        run.best_before = saved.get("best")
+        for line in resume_lines(resume_from, run.start, steps, start.changes, data_note):
+            say(line)
     if accelerator.is_main_process:
         start_run_dir(out, run.start if resume_from else None, cfg.to_yaml(),
-                      describe_run(policy, backend.reason, plan, steps, data.report, trainable=loaded.trainable,
-                                   total=loaded.total) | {"mfu": peak.as_dict()}
-                      | ({"packing": packing.as_dict()} if packing else {}))
+                      describe_run(cfg, policy, backend, plan, steps, data.report, loaded, accelerator.num_processes)
+                      | {"mfu": peak.as_dict(), **base.record()} | ({"packing": packing.as_dict()} if packing else {}),
+                      resume=resume_from and resume_record(resume_from, run.start, start.changes, data_note))
     return run
 
 
@@ -241,9 +248,11 @@ def run_steps(run: Run, say=print) -> TrainResult:
             log.write(record)
             result.evals.append(record)
             say(f"[anyfit] eval at step {done}: " + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+            checkpoints.saw(record)  # train.keep_best: a better value makes this step's checkpoint due
 
     checkpoints = Checkpointer(run.backend, acc, run.out, cfg, state=run.state, guard=guard, total_steps=run.steps,
-                               steps_per_epoch=steps_per_epoch, say=say)
+                               steps_per_epoch=steps_per_epoch, best=Best.of(cfg.train.keep_best, run.best_before),
+                               say=say)
     if run.start == 0:
         evaluate(0)
     done = run.start
@@ -305,11 +314,21 @@ def run_steps(run: Run, say=print) -> TrainResult:
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
         if stops:
             say(f"[anyfit] generation stops at {', '.join(stops)} (generation_config.json)")
+        if checkpoints.best is not None and checkpoints.best.step is not None:
+            where = checkpoints.best.as_dict(final_step=run.steps)["checkpoint"]
+            say(f"[anyfit] best {checkpoints.best.key}: {checkpoints.best.value:.6g} at step {checkpoints.best.step} "
+                f"({'the final model' if where == FINAL else where}); anyfit export {run.out} exports it")
     if acc.is_main_process and result.losses + result.evals:
         try:
             say(f"[anyfit] curves: {plot_run(run.out)}")
         except OSError as e:  # a full disk after the model was saved: the run is complete, only the picture is not
             say(f"[anyfit] warning: loss.png was not written ({e.strerror or e}); draw it later with anyfit plot "
+                f"{run.out}")
+    if acc.is_main_process:
+        try:
+            say(f"[anyfit] report: {write_report(run.out)}")
+        except Exception as e:  # noqa: BLE001 - the run is complete, only its page is not: never a failed run for it
+            say(f"[anyfit] warning: the run's report was not written ({e}); write it later with anyfit report "
                 f"{run.out}")
     # every process ends together: one that tears its process group down while the main one still writes the
     # profile's report was once aborted by gloo at exit (terminate called without an active exception)

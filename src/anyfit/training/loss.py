@@ -153,6 +153,13 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
                                            chunk_tokens or 1024, dtype)
 
 
+def kept_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(N, V) logits at a batch's kept positions (those whose next token is trained), in ``keep_targets``' order:
+    what ``training.forgetting`` compares with the base model's."""
+    logits = _kept_outputs(model, {k: batch[k] for k in MODEL_INPUTS if k in batch}, batch["keep"])
+    return logits.reshape(-1, logits.shape[-1])
+
+
 def _kept_outputs(model: torch.nn.Module, inputs: dict, keep: torch.Tensor) -> torch.Tensor:
     """The model's output (logits, or the head's inputs) at the positions whose next token is trained."""
     if keep.ndim == 2 and not _logits_to_keep_takes_a_mask():

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from anyfit.config import ConfigError
+from anyfit.faults import os_problem
 from anyfit.hardware.memory import peak_bytes
 from anyfit.units import GIB
 
@@ -86,21 +87,48 @@ class MetricsLog:
     """Appends one JSON object per call to ``metrics.jsonl`` and sends its numbers to the trackers the
     accelerator was given; a no-op off the main process."""
 
-    def __init__(self, path: Path, enabled: bool, accelerator=None):
+    def __init__(self, path: Path, enabled: bool, accelerator=None, say=print):
         self.path = path
         self.enabled = enabled
         self.accelerator = accelerator if accelerator is not None and accelerator.trackers else None
+        self.say, self.missed = say, 0
         if enabled:
             path.parent.mkdir(parents=True, exist_ok=True)
 
     def write(self, record: dict[str, Any]) -> None:
+        """Append ``record`` as one line. A line that cannot be written (a full disk, a disk gone read-only) is
+        taken back whole, so the file keeps only whole lines, and said once in a warning: the run goes on (its
+        checkpoints and final model say for themselves whether they were written)."""
         if not self.enabled:
             return
-        with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        try:
+            _append_whole(self.path, (json.dumps(record) + "\n").encode())
+            if self.missed:
+                self.say(f"[anyfit] {self.path} is written again from step {record.get('step')} on "
+                         f"({self.missed} metrics line(s) before it were lost).")
+            self.missed = 0
+        except OSError as e:
+            if not self.missed:
+                self.say(f"[anyfit] warning: the metrics line of step {record.get('step')} was not written: "
+                         f"{os_problem(e, {'train.output_dir': self.path.parent}, where=self.path)} Training goes "
+                         "on; lines are written again once it can.")
+            self.missed += 1
         if self.accelerator is not None:
             numbers = {k: v for k, v in record.items() if k != "step" and isinstance(v, (int, float))}
             self.accelerator.log(numbers, step=record["step"])
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` to ``path``, or on an error cut the file back to where it was and raise it."""
+    with path.open("ab", buffering=0) as f:
+        start = f.seek(0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[f.write(view):]
+        except OSError:
+            f.truncate(start)  # a shorter file needs no room
+            raise
 
 
 class StepMeter:

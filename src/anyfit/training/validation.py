@@ -1,12 +1,14 @@
 """Evaluation inside a training run: the validation loss over held-out examples, and generation accuracy.
 
 The held-out data are decided in ``anyfit.data.prepare``; generation accuracy comes from
-``anyfit.evaluation.evaluate.generation_eval``. The loss is computed the way training computes it
+``anyfit.evaluation.evaluate.generation_eval`` (its first few answers are kept in the run folder for the run's
+report). The loss is computed the way training computes it
 (summed token loss over all trainable tokens), without dropout and without touching the RNG.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +20,7 @@ from anyfit.config import Config
 from anyfit.data.batching import to_device
 from anyfit.data.prepare import TrainingData
 from anyfit.evaluation.evaluate import generation_eval
+from anyfit.runfolder import write_generations
 
 GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_tokens", "tokens_per_second", "n")
 
@@ -52,9 +55,10 @@ class InTrainingEval:
     """When and what to evaluate during a run (``eval.*``); ``run`` returns the record to log, or None."""
 
     def __init__(self, cfg: Config, data: TrainingData, tokenizer, collate_fn, loss_fn,
-                 split: SequenceSplit = SequenceSplit()):
+                 split: SequenceSplit = SequenceSplit(), watch=None):
         self.cfg, self.data, self.tokenizer, self.collate_fn, self.loss_fn = cfg, data, tokenizer, collate_fn, loss_fn
         self.split = split
+        self.watch = watch  # train.watch_base: a training.forgetting.BaseWatch measuring base_kl, or None
 
     def due(self, done: int, steps: int) -> tuple[bool, bool]:
         """(validation loss, generation) due after ``done`` of ``steps`` steps; step 0 is the 'before' check."""
@@ -72,10 +76,25 @@ class InTrainingEval:
         if loss and self.data.eval_examples:
             record["val_loss"] = round(validation_loss(backend, accelerator, model, self.data.eval_examples,
                                                        micro_batch, self.collate_fn, self.loss_fn, self.split), 6)
+        if loss and self.watch is not None:  # drift from the base model (training.forgetting), beside val_loss
+            kl = self.watch.measure(backend, accelerator, model, micro_batch, self.split)
+            record["base_kl"] = float(f"{kl:.6g}")  # significant digits: it starts at 0
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
-                summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer, self.data.gen_examples,
-                                          self.cfg)
+                rows, summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer,
+                                                self.data.gen_examples, self.cfg)
                 record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})
+                write_generations(Path(self.cfg.train.output_dir),
+                                  [example_answer(done, row) for row in rows[:EXAMPLES_KEPT]])
             accelerator.wait_for_everyone()
         return record if len(record) > 1 else None
+
+
+EXAMPLES_KEPT = 3  # example answers kept per generation evaluation, for the run's report (runfolder.GENERATIONS)
+
+
+def example_answer(step: int, row: dict[str, Any]) -> dict[str, Any]:
+    """One line of ``generations.jsonl``: what the report shows of a graded answer."""
+    return {"step": step, "index": row["index"], "prompt": row["prompt"], "gold": row["gold"],
+            "answer": row["extracted"], "completion": row["completion"], "correct": bool(row["correct"]),
+            "answer_form": row["how"]}

@@ -146,7 +146,8 @@ def test_generation_eval_on_a_loaded_model(tiny_llama_dir, qwen_tokenizer, tmp_p
     data = _jsonl(tmp_path / "d.jsonl", [{"prompt": "1+1?", "completion": "\\boxed{2}"},
                                          {"prompt": "2+2?", "completion": "\\boxed{4}"}])
     cfg = Config(data=DataConfig(path=str(data), template="plain"), eval=EvalConfig(max_new_tokens=3, batch_size=2))
-    metrics = generation_eval(model, qwen_tokenizer, load_eval_examples(cfg.data), cfg)
+    rows, metrics = generation_eval(model, qwen_tokenizer, load_eval_examples(cfg.data), cfg)
+    assert len(rows) == 2 and {"prompt", "gold", "extracted", "correct"} <= set(rows[0])
     assert metrics["n"] == 2 and 0 <= metrics["accuracy"] <= 1 and metrics["completion_tokens"] <= 6
     assert metrics["tokens_per_second"] > 0
     assert model.training

@@ -25,11 +25,11 @@ def _checkpoint(tmp_path: Path, *overrides: str) -> Path:
 
 
 
-def check_resumable(folder: Path, cfg, processes: int) -> None:
+def check_resumable(folder: Path, cfg, processes: int) -> list:
     """The run's check with the backend its runtime.sharding names (built directly: no DeepSpeed needed)."""
     backend = {"deepspeed": lambda: ZeRO3("test", False, {}), "fsdp": lambda: FSDP2("test")}.get(
         cfg.runtime.sharding, lambda: Replicated("test"))()
-    start.check_resumable(folder, cfg, backend, processes)
+    return start.check_resumable(folder, cfg, backend, processes)
 
 
 def _cfg(*overrides: str):
@@ -101,3 +101,19 @@ def test_a_position_keyed_optimizer_state_is_keyed_by_name(tmp_path):
     other = torch.optim.AdamW(model.parameters())  # one group where the checkpoint had two
     with pytest.raises(ConfigError, match="parameter groups"):
         optimizer_by_name(model, other, optimizer.state_dict(), tmp_path)
+
+
+def test_every_setting_has_one_resume_rule():
+    """A setting added to the config without saying what a resume does when it changes would be refused by default;
+    this names it instead."""
+    from anyfit.training.checkpoints.changes import RULES, unruled
+
+    assert unruled() == []
+    assert not set(RULES) - {f"{s}.{k}" for s, keys in _cfg().to_dict().items() for k in keys}  # no stale rule
+
+
+def test_applied_changes_are_returned_with_what_is_done(tmp_path):
+    folder = _checkpoint(tmp_path)
+    changes = check_resumable(folder, _cfg("train.learning_rate=1e-3", "train.save_every=5", "data.num_proc=2"), 1)
+    assert {c.key for c in changes} == {"train.learning_rate", "train.save_every", "data.num_proc"}
+    assert all(c.rule.verdict == "applied" for c in changes)

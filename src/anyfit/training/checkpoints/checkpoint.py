@@ -3,7 +3,8 @@
 A checkpoint is ``checkpoint-<step>/`` holding the model and optimizer states as the run's backend writes them
 (``anyfit.backends``: safetensors and ``optimizer.pt`` replicated, only the adapter for LoRA; every process's
 shards under ``sharded/`` with FSDP2; the engine's files under ``deepspeed/`` with ZeRO-3), the scheduler
-state, each process's RNG state, ``trainer_state.json``, the resolved ``config.yaml`` and, written last,
+state, each process's RNG state, ``trainer_state.json``, the resolved ``config.yaml``, the fingerprint of the
+examples the run draws from (``data.json``, ``data_records-*.npy``: ``anyfit.data.fingerprint``) and, written last,
 ``manifest.json`` (``anyfit.training.checkpoints.integrity``). The folder is written under a temporary name and renamed when complete, so a
 crash mid-write never leaves a folder that looks like a finished checkpoint.
 """
@@ -22,17 +23,21 @@ import torch
 
 from anyfit.backends import Backend, load_states
 from anyfit.backends.reading import damaged, torch_load
+from anyfit.data import fingerprint
 from anyfit.data.stopping import write_generation_config
 from anyfit.durable import follow_umask
 from anyfit.model.source import record_base
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
+    DELETING_CHECKPOINT_PREFIX,
     RUN_CONFIG,
     TMP_CHECKPOINT_PREFIX,
     NotWritten,
     checkpoint_dirs,
     checkpoint_step,
+    remove_leftovers,
 )
+from anyfit.training.checkpoints.best import Best
 from anyfit.training.checkpoints.integrity import SCHEDULER, STATE, checkpoint_problem, write_manifest
 from anyfit.training.checkpoints.disk import (
     agreed,
@@ -54,6 +59,7 @@ class TrainState:
     optimizer: Any
     scheduler: Any
     tokenizer: Any = None
+    data: tuple[dict, list] | None = None  # the fingerprint of the examples drawn from (anyfit.data.fingerprint)
 
 
 def rng_state() -> dict[str, Any]:
@@ -93,38 +99,70 @@ class Checkpointer:
     steps since the last checkpoint would be lost, it ends the run."""
 
     def __init__(self, backend: Backend, accelerator, out: Path, cfg, *, state: TrainState, guard, total_steps: int,
-                 steps_per_epoch: int, say=print):
+                 steps_per_epoch: int, best: Best | None = None, say=print):
         self.backend, self.accelerator, self.out, self.cfg, self.say = backend, accelerator, out, cfg, say
         self.state = state
         self.guard, self.total_steps, self.steps_per_epoch = guard, total_steps, steps_per_epoch
+        self.best = best  # train.keep_best (anyfit.training.checkpoints.best)
 
     def due(self, step: int) -> bool:
         every = self.cfg.train.save_every
         return bool(every) and step % every == 0 and step < self.total_steps
 
+    def saw(self, record: dict[str, Any]) -> None:
+        """An evaluation line: with ``train.keep_best``, a better value makes its step's checkpoint due (every
+        process agrees: generation accuracy is measured on the main one only). At the last step the final model
+        is the best."""
+        if self.best is None:
+            return
+        self.best.saw(record)
+        if self.accelerator.num_processes > 1:
+            from accelerate.utils import broadcast_object_list
+
+            self.best.pending = broadcast_object_list([self.best.pending])[0]
+        if self.best.pending is not None and self.best.pending[0] >= self.total_steps:
+            self.best.kept()
+            if self.accelerator.is_main_process:
+                self.best.write(self.out, final_step=self.total_steps)
+
     def save(self, step: int, last: bool = False) -> Path | None:
-        """``checkpoint-<step>`` when due (or ``last``: a stop's); its path, or None when none was written."""
-        if not (last or self.due(step)):
+        """``checkpoint-<step>`` when due (or ``last``: a stop's; or the best so far); its path, or None when none
+        was written."""
+        best_due = self.best is not None and self.best.pending is not None and self.best.pending[0] == step
+        if not (last or best_due or self.due(step)):
             return None
         self.guard.flush()  # the count of skipped steps is part of the checkpoint
         trainer_state = {"epoch": (step - 1) // self.steps_per_epoch, "total_steps": self.total_steps,
                          "skipped_steps": self.guard.skipped}
+        if self.best is not None and (best_due or self.best.step is not None):
+            record = Best(self.best.key, self.best.lower, *(self.best.pending or (self.best.step, self.best.value)))
+            trainer_state["best"] = record.as_dict()
         try:
-            return save_checkpoint(self.backend, self.accelerator, self.out, step, self.state,
+            path = save_checkpoint(self.backend, self.accelerator, self.out, step, self.state,
                                    config_yaml=self.cfg.to_yaml(), trainer_state=trainer_state,
-                                   keep_last=self.cfg.train.keep_last, model_cfg=self.cfg.model)
+                                   keep_last=self.cfg.train.keep_last, model_cfg=self.cfg.model,
+                                   keep=(self.best.pending or (self.best.step,))[:1] if self.best else ())
         except NotWritten as e:
             if last:
                 raise
+            if best_due:
+                self.best.pending = None  # the best stays the one whose checkpoint exists
             self.say(f"[anyfit] warning: {e} Training goes on; make room before the next checkpoint (step "
                      f"{step + self.cfg.train.save_every}) or the end, or the steps since the last one are lost.")
             return None
+        if best_due:
+            self.best.kept()
+            if self.accelerator.is_main_process:
+                self.best.write(self.out)
+                self.say(f"[anyfit] best {self.best.key} so far: {self.best.value:.6g} at step {step} ({path.name}, "
+                         "kept outside train.keep_last)")
+        return path
 
 
 def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, state: TrainState, *, config_yaml: str,
-                    trainer_state: dict[str, Any], keep_last: int, model_cfg=None) -> Path:
+                    trainer_state: dict[str, Any], keep_last: int, model_cfg=None, keep: tuple[int, ...] = ()) -> Path:
     """Write ``checkpoint-<step>`` of ``state`` (collective), with the run's config and ``trainer_state``; keeps
-    the newest ``keep_last``. Raises ``NotWritten`` on every process alike when the disk has no room for it or a
+    the newest ``keep_last``, and the checkpoints of the steps in ``keep`` (the best). Raises ``NotWritten`` on every process alike when the disk has no room for it or a
     write fails: the temporary folder is removed, earlier checkpoints are untouched."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = output_dir / f"{TMP_CHECKPOINT_PREFIX}{step}"
@@ -146,7 +184,7 @@ def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, 
             shutil.rmtree(tmp, ignore_errors=True)
         raise not_written(final.name, output_dir, problem)
     if accelerator.is_main_process:
-        prune(output_dir, keep_last)
+        prune(output_dir, keep_last, keep)
     accelerator.wait_for_everyone()
     return final
 
@@ -174,6 +212,8 @@ def _write_checkpoint(backend: Backend, accelerator, tmp: Path, state: TrainStat
         if scaler is not None:
             torch.save(scaler.state_dict(), tmp / "scaler.pt")
         (tmp / RUN_CONFIG).write_text(config_yaml)
+        if state.data is not None:
+            fingerprint.save(tmp, *state.data)
 
 
 def _finish_checkpoint(tmp: Path, final: Path, state: dict[str, Any]) -> None:
@@ -202,26 +242,47 @@ def save_final_model(backend: Backend, accelerator, model, tokenizer, directory:
     return stops
 
 
-def prune(output_dir: Path, keep_last: int) -> None:
-    """Keep the newest ``keep_last`` intact checkpoints (sizes checked) and delete every older folder.
-    Damaged ones newer than those are left for ``resume=auto`` to name and skip."""
+def prune(output_dir: Path, keep_last: int, keep: tuple[int, ...] = ()) -> None:
+    """Keep the newest ``keep_last`` intact checkpoints (sizes checked) and those of the steps in ``keep`` (the
+    best, ``train.keep_best``), and delete every older folder, each whole or not at all (``delete_checkpoint``);
+    what an earlier, killed prune left is removed first. Damaged ones newer than those are left for
+    ``resume=auto`` to name and skip."""
+    remove_leftovers(output_dir, (DELETING_CHECKPOINT_PREFIX,))
     dirs = checkpoint_dirs(output_dir)
     intact = [p for p in dirs if checkpoint_problem(p, full=False) is None]
     if not intact:
         return
     oldest_kept = checkpoint_step(intact[-max(1, keep_last):][0])
     for old in dirs:
-        if checkpoint_step(old) < oldest_kept:
-            shutil.rmtree(old, ignore_errors=True)
+        if checkpoint_step(old) < oldest_kept and checkpoint_step(old) not in keep:
+            delete_checkpoint(old)
+
+
+def delete_checkpoint(folder: Path) -> None:
+    """Rename ``folder`` to ``.deleting-checkpoint-<step>`` (one atomic step), then remove it. A kill while its
+    files are removed one by one leaves that hidden name, which nothing takes for a checkpoint (not anyfit's
+    resume or export, not other tools that look for ``checkpoint-<step>``), never a ``checkpoint-<step>`` that
+    lacks some of its files; the next prune or run removes it (``runfolder.remove_leftovers``). A folder that
+    cannot be renamed (permissions) is left whole."""
+    hidden = folder.with_name(f"{DELETING_CHECKPOINT_PREFIX}{checkpoint_step(folder)}")
+    shutil.rmtree(hidden, ignore_errors=True)
+    try:
+        folder.rename(hidden)
+    except OSError:
+        return
+    shutil.rmtree(hidden, ignore_errors=True)
 
 
 def load_checkpoint(backend: Backend, accelerator, directory: Path, state: TrainState) -> dict[str, Any]:
     """Restore everything a checkpoint holds into ``state`` (its tokenizer aside); returns its trainer state.
     A file that cannot be read is a ConfigError naming it (resolve_resume has normally caught it already).
     The model and optimizer states are read by the backend that wrote them, into ``backend``'s layout
-    (``anyfit.backends.load_states``)."""
+    (``anyfit.backends.load_states``). The optimizer's hyperparameters and the learning rate are this run's
+    config's (``follow_config``)."""
+    groups = state.scheduler.optimizer.param_groups  # the groups the update reads, as this run's config built them
+    configured = [{k: v for k, v in group.items() if k != "params"} for group in groups]
     load_states(backend, accelerator, state.model, state.optimizer, directory)
-    state.scheduler.load_state_dict(torch_load(directory / SCHEDULER))
+    follow_config(state.scheduler, torch_load(directory / SCHEDULER), configured)
     scaler = getattr(accelerator, "scaler", None)
     if scaler is not None and (directory / "scaler.pt").is_file():
         scaler.load_state_dict(torch_load(directory / "scaler.pt"))
@@ -232,6 +293,24 @@ def load_checkpoint(backend: Backend, accelerator, directory: Path, state: Train
         return json.loads((directory / STATE).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise damaged(directory / STATE, e) from e
+
+
+def follow_config(scheduler, saved: dict[str, Any], configured: list[dict[str, Any]]) -> None:
+    """After a checkpoint's optimizer state is loaded, its parameter groups hold the hyperparameters of the run
+    that wrote it (torch restores a group's lr, betas, eps and weight decay with its moments) and its scheduler
+    state the old peak learning rates (LambdaLR's ``base_lrs``): resumed as saved, a changed learning rate would
+    be ignored in silence. This run's config decides them instead: the groups get the hyperparameters it built
+    them with, and the learning rate is its schedule at the resumed step (``lr_lambdas`` are this run's, built
+    with its length and warm-up). Unchanged, every value is the saved one to the bit: the same product LambdaLR
+    computes."""
+    groups = scheduler.optimizer.param_groups
+    for group, mine in zip(groups, configured):
+        group.update({k: v for k, v in mine.items() if k != "lr"})  # initial_lr: the configured peak
+    bases = [group["initial_lr"] for group in groups]
+    lrs = [base * fn(saved["last_epoch"]) for base, fn in zip(bases, scheduler.lr_lambdas)]
+    for group, lr in zip(groups, lrs):
+        group["lr"] = lr
+    scheduler.load_state_dict({**saved, "base_lrs": bases, "_last_lr": lrs})
 
 
 def set_rng_state(state: dict[str, Any]) -> None:

@@ -8,23 +8,22 @@
   complete checkpoint and ends as the uninterrupted run would. Whether this is a restart is agreed by every
   process: torchrun counts restarts per node (``TORCHELASTIC_RESTART_COUNT`` stays 0 on a node whose workers
   were healthy, pytorch#108158), so one node's count above 0 makes the whole job a restart;
-- another layout or process count: the backend's rule (``anyfit.backends.continue_problem``); what decides which
-  tensors exist (full or LoRA, rank, targets, optimizer) must be the checkpoint's own (``check_resumable``).
+- another layout or process count: the backend's rule (``anyfit.backends.continue_problem``); every other
+  setting changed since the checkpoint is applied or refused by its rule (``anyfit.training.checkpoints.changes``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-import yaml
 
 from anyfit.backends import Backend, continue_problem
 from anyfit.config import Config, ConfigError
 from anyfit.runfolder import CHECKPOINT_PREFIX, METRICS, RUN_CONFIG
+from anyfit.training.checkpoints.changes import Change, check_config
 from anyfit.training.checkpoints.integrity import resolve_resume
 
 
@@ -34,17 +33,17 @@ class Start:
 
     resume_from: Path | None
     out: Path
+    changes: list[Change] = field(default_factory=list)  # settings changed since the checkpoint, all applied
 
 
 def where_to_start(cfg: Config, backend: Backend, accelerator, say=print) -> Start:
     """Where this run starts, refused in one line where it may not (collective: the restart count is agreed)."""
     restarts = job_restarts(accelerator)
     resume_from = resolve_resume(resume_spec(cfg.train.resume, restarts, say), Path(cfg.train.output_dir), warn=say)
-    if resume_from is not None:
-        check_resumable(resume_from, cfg, backend, accelerator.num_processes)
+    changes = [] if resume_from is None else check_resumable(resume_from, cfg, backend, accelerator.num_processes)
     out = check_output_dir(cfg, resuming=resume_from is not None or
                            earlier_attempt(Path(cfg.train.output_dir), cfg.to_yaml(), restarts))
-    return Start(resume_from, out)
+    return Start(resume_from, out, changes)
 
 
 def check_output_dir(cfg: Config, resuming: bool) -> Path:
@@ -99,42 +98,12 @@ def earlier_attempt(output_dir: Path, config_yaml: str, restarts: int) -> bool:
         return False
 
 
-def check_resumable(directory: Path, cfg: Config, backend: Backend, processes: int) -> None:
-    """Refuse, in one line and before any work, a checkpoint this run's config cannot continue: the settings
-    that decide which tensors exist (full or LoRA, the adapters' rank and targets) and the optimizer's state.
-    Everything about layout (processes, sharding, device, precision) may change, but for DeepSpeed ZeRO-3: its
-    checkpoints continue under ZeRO-3 on as many processes as wrote them, and it continues only its own (each
-    backend's rule: ``anyfit.backends.continue_problem``)."""
+def check_resumable(directory: Path, cfg: Config, backend: Backend, processes: int) -> list[Change]:
+    """Refuse, in one line and before any work, a checkpoint this run's config cannot continue: the backend's
+    rule for layouts (everything about layout may change, but DeepSpeed ZeRO-3 checkpoints continue under ZeRO-3
+    on as many processes as wrote them: ``anyfit.backends.continue_problem``), then every setting that differs
+    from the checkpoint's config (``changes``: applied or refused). Returns the applied changes."""
     problem = continue_problem(backend, directory, processes)
     if problem:
         raise ConfigError(f"train.resume: checkpoint {directory} {problem}")
-    saved = _saved_config(directory)
-    if saved is None:  # an older checkpoint without config.yaml: its files are checked when they load
-        return
-    lora, train = saved.get("lora") or {}, saved.get("train") or {}
-    was_lora = bool(lora.get("enabled") or lora.get("qlora"))
-    is_lora = cfg.lora.enabled or cfg.lora.qlora
-    where = f"train.resume: checkpoint {directory} was written by a run"
-    if was_lora != is_lora:
-        kind = "training LoRA adapters (it holds the adapter only)" if was_lora else "fine-tuning every weight"
-        fix = "lora.enabled=true" if was_lora else "lora.enabled=false"
-        raise ConfigError(f"{where} {kind}; this run {'trains LoRA' if is_lora else 'fine-tunes every weight'}. "
-                          f"Set {fix} to continue it, or start a new run in another train.output_dir.")
-    if is_lora:
-        for key, now in (("r", cfg.lora.r), ("target_modules", cfg.lora.target_modules)):
-            if key in lora and lora[key] != now:
-                raise ConfigError(f"{where} with lora.{key}={lora[key]}; this run has lora.{key}={now}. Set "
-                                  f"lora.{key}={lora[key]} to continue it, or start a new run in another "
-                                  "train.output_dir.")
-    if "optimizer" in train and train["optimizer"] != cfg.train.optimizer:
-        raise ConfigError(f"{where} with train.optimizer={train['optimizer']}; its state does not fit "
-                          f"train.optimizer={cfg.train.optimizer}. Set train.optimizer={train['optimizer']} to "
-                          "continue it, or start a new run in another train.output_dir.")
-
-
-def _saved_config(directory: Path) -> dict[str, Any] | None:
-    try:
-        saved = yaml.safe_load((directory / RUN_CONFIG).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None
-    return saved if isinstance(saved, dict) else None
+    return check_config(directory, cfg)
