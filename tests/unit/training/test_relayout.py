@@ -117,3 +117,15 @@ def test_applied_changes_are_returned_with_what_is_done(tmp_path):
     changes = check_resumable(folder, _cfg("train.learning_rate=1e-3", "train.save_every=5", "data.num_proc=2"), 1)
     assert {c.key for c in changes} == {"train.learning_rate", "train.save_every", "data.num_proc"}
     assert all(c.rule.verdict == "applied" for c in changes)
+
+
+def test_a_moved_model_continues_a_full_fine_tune_but_not_an_adapter(tmp_path):
+    """A full fine-tune's weights all come from the checkpoint; an adapter's base is read from the place."""
+    (tmp_path / "full").mkdir()
+    (tmp_path / "lora").mkdir()
+    full = _checkpoint(tmp_path / "full")
+    (change,) = check_resumable(full, _cfg("model.name_or_path=/elsewhere/m"), 1)
+    assert change.key == "model.name_or_path" and change.rule.verdict == "applied"
+    lora = _checkpoint(tmp_path / "lora", "lora.enabled=true")
+    with pytest.raises(ConfigError, match="the adapter was trained on the base weights at that place"):
+        check_resumable(lora, _cfg("lora.enabled=true", "model.name_or_path=/elsewhere/m"), 1)

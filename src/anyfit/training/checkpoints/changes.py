@@ -35,7 +35,7 @@ _SCHEDULE = ("the learning rate follows the new schedule from the resumed step o
              "with these settings from step 0)")
 _OPTIMIZER = "the optimizer's new hyperparameter applies from this step on (its moments are kept)"
 _DATA = "checked by the data's content (anyfit.data.fingerprint): the same tokens change nothing"
-_WEIGHTS = "the checkpoint continues these weights"
+
 _TENSORS = "it decides which tensors the checkpoint holds"
 
 
@@ -43,6 +43,7 @@ _TENSORS = "it decides which tensors the checkpoint holds"
 class Rule:
     verdict: str  # APPLY or REFUSE
     why: str
+    adapter_refusal: str | None = None  # with LoRA: refused, for this reason, instead
 
 
 def _apply(why: str) -> Rule:
@@ -53,10 +54,19 @@ def _refuse(why: str) -> Rule:
     return Rule(REFUSE, why)
 
 
+# Where the model is read from: a full fine-tune's every weight comes from the checkpoint (the place gives the
+# architecture, checked when the weights load, and the tokenizer, whose tokens the data's fingerprint checks), so
+# the same model moved to another folder or machine continues. An adapter was trained on that place's base weights,
+# which anyfit cannot tell another place holds without reading them all.
+_PLACE = Rule(APPLY, "every weight of a full fine-tune comes from the checkpoint; the new place gives the "
+                     "architecture (checked as the weights load) and the tokenizer (checked by the data's tokens)",
+              adapter_refusal="the adapter was trained on the base weights at that place")
+
+
 RULES: dict[str, Rule] = {
     # model
-    "model.name_or_path": _refuse(_WEIGHTS), "model.gguf_file": _refuse(_WEIGHTS),
-    "model.revision": _refuse(_WEIGHTS), "model.tokenizer": _refuse("it decides the token ids"),
+    "model.name_or_path": _PLACE, "model.gguf_file": _PLACE, "model.revision": _PLACE,
+    "model.tokenizer": _apply(_DATA),
     "model.trust_remote_code": _refuse("it decides the model's code"),
     "model.dtype": _apply("the weights are read from the checkpoint in the new dtype"),
     "model.attn_implementation": _apply("the same attention, another kernel (anyfit refuses one that is not exact)"),
@@ -144,7 +154,10 @@ def config_changes(saved: dict[str, Any], cfg: Config) -> list[Change]:
     for key in sorted(set(now) | set(before)):
         old, new = before.get(key, defaults.get(key)), now.get(key, defaults.get(key))
         if old != new and key not in INVOCATION:
-            changes.append(Change(key, old, new, RULES.get(key, _refuse("anyfit has no rule for this setting"))))
+            rule = RULES.get(key, _refuse("anyfit has no rule for this setting"))
+            if rule.adapter_refusal and (cfg.lora.enabled or cfg.lora.qlora):
+                rule = _refuse(rule.adapter_refusal)
+            changes.append(Change(key, old, new, rule))
     return changes
 
 
