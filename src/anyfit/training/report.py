@@ -219,13 +219,14 @@ def _curves(view: RunView) -> str:
     if sources:  # one line per source: training solid, validation with markers
         charts.append(line_chart("Loss per data source", [Series(k, view.series(k), markers=k.startswith("val_"))
                                                            for k in sources], "loss (mean per trained token)"))
-    else:
-        notes.append(_missing("No per-source losses in metrics.jsonl (keys loss/SOURCE, val_loss/SOURCE)."))
+    elif len(view.setting("data.mix") or []) > 1:  # the split itself is not built yet (issue 43, part 2)
+        notes.append(_missing("Loss per data source: not measured yet; anyfit logs one loss for the whole data.mix."))
     if view.series("base_kl"):
         charts.append(line_chart("Forgetting (base_kl)", [Series("base_kl", view.series("base_kl"), markers=True)],
                                  "base_kl", y_floor=0.0))
     else:
-        notes.append(_missing("No forgetting measure (base_kl) in metrics.jsonl."))
+        notes.append(_missing("No forgetting measure (base_kl): set train.watch_base (on by default with LoRA and "
+                              "eval.every) to see how far the model drifts from its base."))
     return f'<div class="charts">{"".join(charts)}</div>{"".join(notes)}'
 
 
