@@ -30,7 +30,7 @@ processes as wrote them (``continue_problem``); ``anyfit export`` reads any of t
 (``Backend.read_whole``).
 """
 
-from anyfit.backends.base import Backend, Loaded, local_bytes, local_numel
+from anyfit.backends.base import Backend, Loaded, local_bytes, local_numel, unwrapped
 from anyfit.backends.choose import (
     choose_backend,
     choose_sequence_parallel,
@@ -41,4 +41,4 @@ from anyfit.backends.choose import (
 )
 
 __all__ = ["Backend", "Loaded", "choose_backend", "choose_sequence_parallel", "continue_problem", "load_states",
-           "local_bytes", "local_numel", "unlisted_states", "writer_of"]
+           "local_bytes", "local_numel", "unlisted_states", "unwrapped", "writer_of"]

@@ -19,6 +19,7 @@ its kernel (torch's ``found_inf`` protocol) so the host never waits for the devi
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
@@ -236,3 +237,20 @@ def guarded_step(optimizer, finite: torch.Tensor, on_device: bool) -> torch.Tens
     if finite:
         optimizer.step()
     return finite
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model under the wrappers a run puts around it: DDP, torch.compile, DeepSpeed's engine. Accelerate's
+    ``unwrap_model`` does the same, but imports DeepSpeed first wherever it is installed, only to test for its engine
+    (2 s of CPU in every process that asks, with mlflow through DeepSpeed where both are installed); an engine can
+    exist only once DeepSpeed is imported, so it is looked for only then."""
+    wrappers: tuple[type, ...] = (nn.parallel.DistributedDataParallel,)
+    if "deepspeed" in sys.modules:
+        wrappers += (sys.modules["deepspeed"].DeepSpeedEngine,)
+    while True:
+        if isinstance(model, wrappers):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model

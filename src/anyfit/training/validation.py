@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from anyfit.backends import Backend
+from anyfit.backends import Backend, unwrapped
 from anyfit.backends.sequence import SequenceSplit
 from anyfit.config import Config
 from anyfit.data.batching import to_device
@@ -81,7 +81,7 @@ class InTrainingEval:
             record["base_kl"] = float(f"{kl:.6g}")  # significant digits: it starts at 0
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
-                rows, summary = generation_eval(accelerator.unwrap_model(model), self.tokenizer,
+                rows, summary = generation_eval(unwrapped(model), self.tokenizer,
                                                 self.data.gen_examples, self.cfg)
                 record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})
                 write_generations(Path(self.cfg.train.output_dir),

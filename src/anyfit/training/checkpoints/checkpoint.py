@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from anyfit.backends import Backend, load_states
+from anyfit.backends import Backend, load_states, unwrapped
 from anyfit.backends.reading import damaged, torch_load
 from anyfit.data import fingerprint
 from anyfit.data.stopping import write_generation_config
@@ -80,13 +80,13 @@ def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path,
     stops: list[str] = []
     state_dict = backend.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
-        unwrapped = accelerator.unwrap_model(model)
-        unwrapped.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+        bare = unwrapped(model)
+        bare.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
         adapter = (directory / "adapter_config.json").is_file()
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
             if not adapter:  # an adapter is loaded on its base, with the base's generation config
-                stops = write_generation_config(directory, unwrapped, tokenizer)
+                stops = write_generation_config(directory, bare, tokenizer)
         if model_cfg is not None and adapter:
             record_base(directory, model_cfg)
         follow_umask(directory)
