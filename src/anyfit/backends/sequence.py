@@ -139,12 +139,18 @@ def shard_batch(batch: dict, degree: int, rank: int) -> dict:
         out.update(packed_lengths=lengths, cu_seq_lens=torch.tensor([0, *itertools.accumulate(lengths)],
                                                                     dtype=torch.int32, device=device),
                    keep=keep[mine] - start, keep_targets=targets[mine])
+        if "keep_source" in batch:  # data.mix: each kept position's source goes with it
+            out.update(keep_source=batch["keep_source"][mine], sources=batch["sources"])
     else:
         positions = torch.arange(length + pad, device=device).expand(rows, -1)
         shifted = torch.full((rows, length + pad), IGNORE_INDEX, dtype=torch.long, device=device)
         shifted[:, :length][batch["keep"]] = batch["keep_targets"]
         keep = shifted[:, start:end] != IGNORE_INDEX
         out.update(keep=keep, keep_targets=shifted[:, start:end][keep])
+        if "keep_source" in batch:
+            source = torch.zeros((rows, length + pad), dtype=torch.long, device=device)
+            source[:, :length][batch["keep"]] = batch["keep_source"]
+            out.update(keep_source=source[:, start:end][keep], sources=batch["sources"])
     padded = torch.cat([ids, ids.new_zeros(rows, pad)], dim=1) if pad else ids
     out.update(input_ids=padded[:, start:end], position_ids=positions[:, start:end].contiguous())
     return out

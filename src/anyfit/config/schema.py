@@ -145,8 +145,9 @@ class DataConfig:
         [], "Several sources in one run instead of data.path: a list of {path, weight, ...} where each entry may set "
         "any data.* key for itself (split, subset, fields, template, system_prompt, format, max_length, ...; the "
         "others come from data.*) and weight is its share of every epoch (examples drawn with a seeded sample, "
-        "repeated when the share is more than the source holds). E.g. [{path: math.jsonl, weight: 3}, "
-        "{path: chat.jsonl, weight: 1, template: chat}].")
+        "repeated when the share is more than the source holds); name (default: the file name) is what its loss is "
+        "logged under, loss/<name>. E.g. [{path: math.jsonl, weight: 3}, {path: chat.jsonl, weight: 1, template: "
+        "chat}].")
 
 
 @dataclass
@@ -251,7 +252,8 @@ class EvalConfig:
 
     path: str | None = _f(None, "Held-out data (file or hub name, read with the data.* settings); default: data.path.")
     split: str | None = _f(None, "Split of eval.path (e.g. 'test[:200]'). Set eval.path or eval.split to hold data out.")
-    holdout: int = _f(0, "Instead of eval.path/split: hold out this many training records (seeded) for evaluation.")
+    holdout: int = _f(0, "Instead of eval.path/split: hold out this many training records (seeded) for evaluation; "
+                      "with data.mix, this many of each source (the validation loss is then reported per source too).")
     every: int = _f(0, "Validation loss every N optimizer steps (0: off); also at the end when eval data is set.")
     generate_every: int = _f(0, "Generation accuracy every N steps (0: off). Costs a generation pass each time.")
     generate_before: bool = _f(False, "Generation accuracy before the first step (the base model's score).")
@@ -493,15 +495,19 @@ def _check_mix(cfg: Config) -> None:
         return
     if cfg.data.path:
         raise ConfigError("Set either data.path (one source) or data.mix (several), not both.")
-    if cfg.eval.holdout or (cfg.eval.split and not cfg.eval.path):
-        raise ConfigError("eval.holdout and eval.split alone take held-out data from the one data.path; with data.mix "
-                          "give held-out data with eval.path (and eval.split) instead.")
+    if cfg.eval.split and not cfg.eval.path:
+        raise ConfigError("eval.split alone takes held-out data from the one data.path; with data.mix use "
+                          "eval.holdout (records of each source) or eval.path (and eval.split).")
+    names = [entry.get("name") for entry in cfg.data.mix if entry.get("name") is not None]
+    if len(set(names)) < len(names) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(f"data.mix: each entry's name is what its loss is logged under (loss/<name>): give "
+                          f"distinct, non-empty names (got {names}).")
     for i, entry in enumerate(cfg.data.mix):
         where = f"data.mix[{i}]"
-        unknown = sorted(set(entry) - set(MIX_KEYS) - {"weight"})
+        unknown = sorted(set(entry) - set(MIX_KEYS) - {"weight", "name"})
         if unknown:
-            raise ConfigError(f"{where} has unknown keys {unknown}; an entry may set weight and "
-                              f"{', '.join(MIX_KEYS)}.{suggest(unknown[0], [*MIX_KEYS, 'weight'])}")
+            raise ConfigError(f"{where} has unknown keys {unknown}; an entry may set weight, name and "
+                              f"{', '.join(MIX_KEYS)}.{suggest(unknown[0], [*MIX_KEYS, 'weight', 'name'])}")
         if "template" in entry:
             _check_template(entry["template"], f"{where}.template")
         if not entry.get("path"):

@@ -170,12 +170,16 @@ class WindowSampler:
             self._epoch = epoch
         return self._perm
 
-    def window(self, step: int) -> tuple[list[list[int]], int]:
-        """(micro-batches of example indices for this process, trainable tokens in the whole global window)."""
+    def examples_of(self, step: int) -> np.ndarray:
+        """The examples of step ``step``'s whole window, all processes' (in the epoch's permutation order)."""
         epoch, k = divmod(step, self.steps_per_epoch)
         e = self.plan.effective_batch
-        window = self._permutation(epoch)[k * e:(k + 1) * e].tolist()
-        per_process = e // self.plan.processes
+        return self._permutation(epoch)[k * e:(k + 1) * e]
+
+    def window(self, step: int) -> tuple[list[list[int]], int]:
+        """(micro-batches of example indices for this process, trainable tokens in the whole global window)."""
+        window = self.examples_of(step).tolist()
+        per_process = self.plan.effective_batch // self.plan.processes
         mine = window[self.process_index * per_process:(self.process_index + 1) * per_process]
         # Grouping similar lengths into the same micro-batch cuts padding; it cannot change the update
         # because the loss is normalised over the whole window, not per micro-batch.
@@ -226,20 +230,30 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
 
     Position 4 (token 15, the end of example 1) is not kept: it does not learn to predict 31, the first token
     of example 3. The trained targets are the same 7 tokens either way, in the same order.
+
+    Examples of ``data.mix`` carry their ``source`` and how many ``sources`` there are; with more than one, the
+    batch also names each kept position's source (``keep_source``, in ``keep_targets``' order) and ``sources``:
+    the loss is then summed per source (``training.loss``). Say example 1 is of source 0 and example 3 of source 1:
+
+    >>> mixed = [{**ex1, "source": 0, "sources": 2}, {**ex3, "source": 1, "sources": 2}]
+    >>> collate(mixed, pad_id=0)["keep_source"].tolist()
+    [0, 0, 0, 0, 1, 1, 1]
     """
     targets = [ex["labels"][1:] + [IGNORE_INDEX] for ex in examples]
+    sources = examples[0].get("sources", 1)
     if packed:
         ids = [t for ex in examples for t in ex["input_ids"]]
         flat = [t for row in targets for t in row]
         keep = [i for i, t in enumerate(flat) if t != IGNORE_INDEX]
         lengths = [len(ex["input_ids"]) for ex in examples]
-        return {"input_ids": torch.tensor([ids]),
-                "position_ids": torch.tensor([[p for n in lengths for p in range(n)]]),
-                # example boundaries for attention.packed_attention: host ints and their cumulative sums
-                "packed_lengths": tuple(lengths),
-                "cu_seq_lens": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
-                "keep": torch.tensor(keep, dtype=torch.long),
-                "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
+        batch = {"input_ids": torch.tensor([ids]),
+                 "position_ids": torch.tensor([[p for n in lengths for p in range(n)]]),
+                 # example boundaries for attention.packed_attention: host ints and their cumulative sums
+                 "packed_lengths": tuple(lengths),
+                 "cu_seq_lens": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
+                 "keep": torch.tensor(keep, dtype=torch.long),
+                 "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
+        return _with_sources(batch, examples, targets, sources) if sources > 1 else batch
     longest = max(len(ex["input_ids"]) for ex in examples)
     n = len(examples)
     input_ids = torch.full((n, longest), pad_id, dtype=torch.long)
@@ -251,7 +265,16 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
         shifted[row, :len(ids)] = torch.tensor(tg)
         attention[row, :len(ids)] = 1
     keep = shifted != IGNORE_INDEX
-    return {"input_ids": input_ids, "attention_mask": attention, "keep": keep, "keep_targets": shifted[keep]}
+    batch = {"input_ids": input_ids, "attention_mask": attention, "keep": keep, "keep_targets": shifted[keep]}
+    return _with_sources(batch, examples, targets, sources) if sources > 1 else batch
+
+
+def _with_sources(batch: dict, examples: list[dict], targets: list[list[int]], sources: int) -> dict:
+    """``batch`` with each kept position's source: padded or packed, the kept positions run example by example."""
+    per_example = [sum(t != IGNORE_INDEX for t in row) for row in targets]
+    keep_source = torch.repeat_interleave(torch.tensor([ex["source"] for ex in examples], dtype=torch.long),
+                                          torch.tensor(per_example))
+    return {**batch, "keep_source": keep_source, "sources": sources}
 
 
 def to_device(batch: dict, device, non_blocking: bool = False) -> dict:

@@ -5,11 +5,17 @@ the same mixture.
 A source's share of an epoch is ``weight / sum(weights)`` of all the kept examples of all sources: a source with
 more weight than examples repeats them (whole passes, then a seeded sample of the rest), one with less is
 subsampled. With equal weights and equal sizes every example is used once.
+
+Every example knows its source (``source`` in the example, an index into ``names``, of ``sources``): the loss is
+summed per source
+as well (``training.loss``) and logged as ``loss/<name>`` and ``val_loss/<name>``. A source's name is its entry's
+``name``, else its file or data set name.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -25,8 +31,28 @@ def sources_of(cfg: DataConfig) -> list[tuple[DataConfig, float]]:
     ``data.mix`` entry, each entry's keys over the run-wide ``data.*``."""
     if not cfg.mix:
         return [(cfg, 1.0)]
-    return [(dataclasses.replace(cfg, mix=[], **{k: v for k, v in entry.items() if k != "weight"}),
+    return [(dataclasses.replace(cfg, mix=[], **{k: v for k, v in entry.items() if k not in ("weight", "name")}),
              float(entry.get("weight", 1.0))) for entry in cfg.mix]
+
+
+def source_names(cfg: DataConfig) -> list[str]:
+    """The name each ``data.mix`` source's loss is logged under (``loss/<name>``): its entry's ``name``, else its
+    file, folder or data set name up to the first dot; letters, digits, ``_.-`` kept, anything else ``_``. A name
+    that two entries would share gets the entry's index (``math-2``)."""
+    names = [str(entry.get("name") or _stem(str(entry["path"]))) for entry in cfg.mix]
+    names = [re.sub(r"[^\w.-]", "_", n) or "source" for n in names]
+    return [f"{n}-{i}" if names.count(n) > 1 and not cfg.mix[i].get("name") else n for i, n in enumerate(names)]
+
+
+def loss_sources(examples) -> list[str]:
+    """The sources whose losses are reported one by one: a mixture's names when it has more than one source."""
+    names = getattr(examples, "names", [])
+    return names if len(names) > 1 else []
+
+
+def _stem(path: str) -> str:
+    last = path.rstrip("/").rsplit("/", 1)[-1]
+    return last.split(".", 1)[0] or last
 
 
 @dataclass
@@ -38,6 +64,14 @@ class MixedExamples:
     rows: np.ndarray
     report: DataReport
     lines: list[str]  # per source: kept, drawn per epoch, share, tokens
+    names: list[str] = dataclasses.field(default_factory=list)  # per source: what its loss is logged under
+
+    @classmethod
+    def whole(cls, parts: list[Examples], names: list[str]) -> MixedExamples:
+        """Every example of every part once, part by part (held-out examples: no weights, no draw)."""
+        source = np.concatenate([np.full(len(p), s, dtype=np.int16) for s, p in enumerate(parts)])
+        rows = np.concatenate([np.arange(len(p), dtype=np.int64) for p in parts])
+        return cls(parts, source, rows, combined_report(parts), [], names)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -45,7 +79,14 @@ class MixedExamples:
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        return self.parts[int(self.source[i])][int(self.rows[i])]
+        s = int(self.source[i])
+        return {**self.parts[s][int(self.rows[i])], "source": s, "sources": len(self.parts)}
+
+    def trained_by_source(self, indices: np.ndarray) -> np.ndarray:
+        """Trained tokens per source of the examples ``indices`` (int64, one per source)."""
+        source, rows = self.source[indices], self.rows[indices]
+        trained = [part.store.arrays["trainable"][part.rows[rows[source == s]]] for s, part in enumerate(self.parts)]
+        return np.array([int(t.sum()) for t in trained], dtype=np.int64)
 
     def __iter__(self) -> Iterator[TokenizedExample]:
         return (self[i] for i in range(len(self)))
@@ -67,7 +108,8 @@ class MixedExamples:
 
 
 def draw(parts: list[Examples], weights: list[float], names: list[str], seed: int) -> MixedExamples:
-    """The mixture of ``parts`` in proportion to ``weights`` (see the module docstring)."""
+    """The mixture of ``parts`` in proportion to ``weights`` (see the module docstring); ``names`` as
+    ``source_names`` gives them."""
     counts = _shares(sum(len(p) for p in parts), weights)
     sources, rows, lines = [], [], []
     for s, (part, count, weight, name) in enumerate(zip(parts, counts, weights, names)):
@@ -80,7 +122,7 @@ def draw(parts: list[Examples], weights: list[float], names: list[str], seed: in
         tokens, trained = int(part.lengths[chosen].sum()), int(part.trainable[chosen].sum())
         lines.append(f"[anyfit] data.mix[{s}] {name}: {n:,} examples kept, {count:,} drawn per epoch "
                      f"(weight {weight:g}, {count / max(1, sum(counts)):.0%}): {tokens:,} tokens, {trained:,} trained")
-    return MixedExamples(parts, np.concatenate(sources), np.concatenate(rows), combined_report(parts), lines)
+    return MixedExamples(parts, np.concatenate(sources), np.concatenate(rows), combined_report(parts), lines, names)
 
 
 def combined_report(parts: list[Examples]) -> DataReport:

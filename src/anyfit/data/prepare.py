@@ -16,7 +16,7 @@ from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data import fingerprint
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, to_examples
-from anyfit.data.mixture import MixedExamples, draw, sources_of
+from anyfit.data.mixture import MixedExamples, draw, source_names, sources_of
 from anyfit.data.sources import DataError, Records, iter_records
 from anyfit.data.store import Examples, TokenStore, open_or_build
 from anyfit.data.tokenization import DataReport, nothing_left
@@ -26,7 +26,7 @@ from anyfit.data.tokenization import DataReport, nothing_left
 class TrainingData:
     examples: Examples | MixedExamples
     report: DataReport
-    eval_examples: Examples | list = field(default_factory=list)  # for the validation loss
+    eval_examples: Examples | MixedExamples | list = field(default_factory=list)  # for the validation loss
     eval_report: DataReport | None = None
     gen_examples: list[Example] = field(default_factory=list)  # with gold answers, for generation accuracy
 
@@ -48,16 +48,16 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
     """Map (or build) the token store, split off the held-out part, and check now (not after hours of training)
     that generation accuracy, when asked for, has gold answers to compare with."""
     held: list[int] | None = None
-    if cfg.data.mix:  # several sources: a store each, drawn by weight (data.mix refuses eval.holdout)
-        examples = _mixture(cfg, tokenizer, echo)
-        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view() \
-            if cfg.eval.path or cfg.eval.split else None
+    gold_from: list[tuple[DataConfig, list[int] | None]] = []  # where generation's gold answers are read from
+    if cfg.data.mix:  # several sources: a store each, drawn by weight; eval.holdout is taken from each
+        examples, eval_examples, gold_from = _mixture(cfg, tokenizer, echo)
+        if cfg.eval.path:
+            eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view()
+            gold_from = [(eval_data_config(cfg), None)]
     elif cfg.eval.holdout:
         store = open_or_build(cfg.data, tokenizer, echo)
         held = held_out_records(cfg, store.records)
-        kept = set(held)
-        examples = store.view([i for i in range(store.records) if i not in kept])
-        eval_examples = store.view(held)
+        examples, eval_examples = _without(store, held), store.view(held)
     else:
         examples = open_or_build(cfg.data, tokenizer, echo).view()
         eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view() \
@@ -71,8 +71,9 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
         raise DataError(nothing_left(eval_examples.report))
     data.eval_examples, data.eval_report = eval_examples, eval_examples.report
     if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
-        source = cfg.data if held is not None else eval_data_config(cfg)
-        data.gen_examples = _with_gold(source, held, cfg.eval.num_generate)
+        gold_from = gold_from or [(cfg.data, held) if held is not None else (eval_data_config(cfg), None)]
+        for source, records in gold_from:  # data.mix: source after source, until there are enough
+            data.gen_examples += _with_gold(source, records, cfg.eval.num_generate - len(data.gen_examples))
         if not data.gen_examples:
             raise ConfigError("eval.generate_* is on but no held-out record has a gold answer: map an answer "
                               "column with data.fields: {answer: ...}, or use solutions ending in \\boxed{...} "
@@ -100,16 +101,31 @@ def _source(store: TokenStore) -> dict:
                                                                             "offsets.bin"))}
 
 
-def _mixture(cfg: Config, tokenizer, echo) -> MixedExamples:
-    sources = sources_of(cfg.data)
-    parts = [open_or_build(source, tokenizer, echo).view() for source, _ in sources]
+def _mixture(cfg: Config, tokenizer, echo) -> tuple[MixedExamples, MixedExamples | None, list]:
+    """The training mixture; with ``eval.holdout``, that many records of each source held out (their examples one
+    held-out set, each example knowing its source), and where their gold answers are."""
+    sources, names = sources_of(cfg.data), source_names(cfg.data)
+    stores = [open_or_build(source, tokenizer, echo) for source, _ in sources]
+    held = [held_out_records(cfg, store.records) if cfg.eval.holdout else [] for store in stores]
+    parts = [_without(store, h) for store, h in zip(stores, held)]
     for part, (source, _) in zip(parts, sources):
         if not len(part):
             raise DataError(f"data.mix source {source.path}: " + nothing_left(part.report))
-    mixed = draw(parts, [w for _, w in sources], [s.path for s, _ in sources], cfg.train.seed)
+    mixed = draw(parts, [w for _, w in sources], names, cfg.train.seed)
     for line in mixed.lines:
         echo(line)
-    return mixed
+    if not cfg.eval.holdout:
+        return mixed, None, []
+    gold_from = [(source, h) for (source, _), h in zip(sources, held)]
+    return mixed, MixedExamples.whole([store.view(h) for store, h in zip(stores, held)], names), gold_from
+
+
+def _without(store: TokenStore, held: list[int]) -> Examples:
+    """The store's examples but those of the ``held`` records."""
+    if not held:
+        return store.view()
+    kept = set(held)
+    return store.view([i for i in range(store.records) if i not in kept])
 
 
 def _with_gold(cfg: DataConfig, records: list[int] | None, limit: int) -> list[Example]:

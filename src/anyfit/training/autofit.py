@@ -34,7 +34,7 @@ def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, 
         batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
         reset_peak(device)
         try:
-            loss_fn(model, batch).backward()
+            loss_fn(model, batch).sum().backward()  # the sum: a data.mix loss is one per source
             peak = peak_bytes(device) + optimizer_bytes
         except Exception as e:  # noqa: BLE001 - only out-of-memory is expected here
             if not is_oom(e):
@@ -114,6 +114,7 @@ class Window:
     loss_sum: torch.Tensor  # this process's summed token loss (detached, on the device)
     indices: list[list[int]]  # the examples of each of this process's micro-batches
     trainable_tokens: int  # trainable tokens of the whole window, all processes (what the loss is divided by)
+    by_source: torch.Tensor | None = None  # data.mix: this process's summed token loss per source
 
 
 def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream: StepStream, step: int, loss_fn,
@@ -126,8 +127,9 @@ def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream:
         with record_function("anyfit.h2d"):
             batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
-            loss_sum = backward_window(backend, accelerator, model, batches, window_tokens, loss_fn)
-            return Window(loss_sum=loss_sum, indices=indices, trainable_tokens=window_tokens)
+            sums = backward_window(backend, accelerator, model, batches, window_tokens, loss_fn)
+            return Window(loss_sum=sums.sum(), indices=indices, trainable_tokens=window_tokens,
+                          by_source=sums if sums.ndim else None)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
             if not is_oom(e) or not backend.redo_after_oom:
                 raise

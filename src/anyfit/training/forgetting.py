@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from anyfit.config import Config, ConfigError
 from anyfit.data.readers import read_file
 from anyfit.data.tokenization import IGNORE_INDEX
-from anyfit.training.loss import cross_entropy_sum, kept_logits
+from anyfit.training.loss import cross_entropy_sum, kept_logits, source_groups
 from anyfit.training.validation import validation_loss
 
 BASE_TOPK = "base_topk.safetensors"  # the base model's top-k log-probabilities of the held-out text (full FT)
@@ -120,14 +120,16 @@ def lora_kl_sum(model, batch: dict, bare, chunk: int = 1024) -> torch.Tensor:
 def anchored_loss(bare, weight: float, chunk_tokens: int):
     """``loss_fn(model, batch)``: the summed token loss, whose gradient also carries weight x the summed exact
     KL(base || tuned) over the trained tokens (base: adapters disabled, no gradient). The value is the loss alone
-    (``kl - kl.detach()`` is 0), so ``loss`` in metrics.jsonl stays the cross-entropy."""
+    (``kl - kl.detach()`` is 0), so ``loss`` in metrics.jsonl stays the cross-entropy. With sources (``data.mix``)
+    the loss is one sum per source and the anchor's term is spread evenly over them: their total carries it once."""
 
     def loss(model, batch):
         with torch.no_grad(), bare.disable_adapter():
             base = kept_logits(model, batch)
         logits = kept_logits(model, batch)
         kl = kl_sum(logits, base)
-        return cross_entropy_sum(logits, batch["keep_targets"], chunk_tokens) + weight * (kl - kl.detach())
+        ce = cross_entropy_sum(logits, batch["keep_targets"], chunk_tokens, *source_groups(batch))
+        return ce + weight * (kl - kl.detach()) / ce.numel()
 
     return loss
 

@@ -32,6 +32,7 @@ from anyfit.data.batching import (
     WindowSampler,
     collate,
 )
+from anyfit.data.mixture import loss_sources
 from anyfit.data.prepare import TrainingData, data_fingerprint, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import load_tokenizer
@@ -233,7 +234,9 @@ def run_steps(run: Run, say=print) -> TrainResult:
     result = TrainResult(run.out, run.steps)
     log = MetricsLog(run.out / METRICS, enabled=acc.is_main_process, accelerator=acc)
     guard = NonFiniteGuard(cfg.train.max_nonfinite_steps, skipped=run.skipped_before)
-    meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0, router=router_balance_of(model))
+    sources = loss_sources(run.data.examples)  # data.mix: each source's loss is logged as well
+    meter = StepMeter(acc.device, run.peak.flops_per_s if run.peak else 0.0, router=router_balance_of(model),
+                      sources=sources)
     sampler = run.stream.batches.sampler
     steps_per_epoch = sampler.steps_per_epoch
     max_norm = cfg.train.max_grad_norm if cfg.train.max_grad_norm > 0 else float("inf")
@@ -275,7 +278,9 @@ def run_steps(run: Run, say=print) -> TrainResult:
             real = counts * sum(len(run.data.examples[i]["input_ids"]) for idx in window.indices for i in idx)
             flops = (run.flops.of_window(sampler.lengths, sampler.trainable, window.indices)
                      if run.flops and counts else 0.0)
-            meter.add(window.loss_sum, finite, window.trainable_tokens, real_tokens=real, flops=flops)
+            by_source = sources and (window.by_source, run.data.examples.trained_by_source(sampler.examples_of(step)))
+            meter.add(window.loss_sum, finite, window.trainable_tokens, real_tokens=real, flops=flops,
+                      by_source=by_source or None)
             bar.update(1)
             log_now = done % cfg.train.log_every == 0 or done == run.steps
             if log_now:

@@ -12,6 +12,12 @@ Three things keep the output layer cheap, which matters with 150k-token vocabula
   logits are never materialised for more than ``chunk_tokens`` rows;
 - with ``train.fused_loss`` the head itself runs chunk by chunk too (``FusedHeadCrossEntropy``): no logits of
   all trained positions at all, for one more head matmul per token in the backward.
+
+Loss per data source (``data.mix``): when a batch names the source of each trained position (``keep_source``,
+and ``sources``, how many there are; ``batching.collate`` adds them), the loss is the vector of the sources'
+summed cross-entropies, and the caller sums it for the objective. Every token's gradient is the one the scalar
+loss gives (each row is scaled by its source's incoming gradient, all equal), so tracking the sources changes no
+update; only the logged total is summed in another order.
 """
 
 from __future__ import annotations
@@ -37,27 +43,28 @@ class ChunkedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, chunk: int) -> torch.Tensor:
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, chunk: int, groups: torch.Tensor | None = None,
+                n_groups: int = 0) -> torch.Tensor:
         lse = torch.empty(logits.shape[0], dtype=torch.float32, device=logits.device)
-        total = torch.zeros((), dtype=torch.float32, device=logits.device)
+        total = _sums(n_groups, logits.device)
         for start in range(0, logits.shape[0], chunk):
             x = logits[start:start + chunk].float()
             t = targets[start:start + chunk]
             lse[start:start + chunk] = row_lse = torch.logsumexp(x, dim=-1)
             picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
-            total += torch.where(t != IGNORE_INDEX, row_lse - picked, 0.0).sum()
-        ctx.save_for_backward(logits, targets, lse)
+            _add_rows(total, torch.where(t != IGNORE_INDEX, row_lse - picked, 0.0), groups, start)
+        ctx.save_for_backward(logits, targets, lse, groups)
         ctx.chunk = chunk
         return total
 
     @staticmethod
     def backward(ctx, grad_total: torch.Tensor):
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets, lse, groups = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], ctx.chunk):
             end = start + ctx.chunk
             t = targets[start:end].unsqueeze(1)
-            row_scale = (t != IGNORE_INDEX).float() * grad_total  # 0 for ignored rows
+            row_scale = (t != IGNORE_INDEX).float() * _row_grad(grad_total, groups, start, end)  # 0: ignored rows
             # softmax - one-hot, scaled; written in place (straight into the result when it is fp32)
             in_place = grad.dtype == torch.float32
             g = grad[start:end] if in_place else torch.empty(grad[start:end].shape, device=grad.device)
@@ -66,7 +73,7 @@ class ChunkedCrossEntropy(torch.autograd.Function):
             g.mul_(row_scale)
             if not in_place:
                 grad[start:end] = g
-        return grad, None, None
+        return grad, None, None, None, None
 
 
 class FusedHeadCrossEntropy(torch.autograd.Function):
@@ -79,23 +86,23 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                chunk: int, dtype: torch.dtype) -> torch.Tensor:
+                chunk: int, dtype: torch.dtype, groups: torch.Tensor | None = None, n_groups: int = 0) -> torch.Tensor:
         w = weight.to(dtype)
         lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        total = _sums(n_groups, hidden.device)
         for start in range(0, hidden.shape[0], chunk):
             x = _head_logits(hidden[start:start + chunk], w, bias)
             t = targets[start:start + chunk]
             lse[start:start + chunk] = row_lse = torch.logsumexp(x, dim=-1)
             picked = x.gather(1, t.clamp(min=0).unsqueeze(1)).squeeze(1)
-            total += torch.where(t != IGNORE_INDEX, row_lse - picked, 0.0).sum()
-        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+            _add_rows(total, torch.where(t != IGNORE_INDEX, row_lse - picked, 0.0), groups, start)
+        ctx.save_for_backward(hidden, weight, bias, targets, lse, groups)
         ctx.chunk, ctx.dtype = chunk, dtype
         return total
 
     @staticmethod
     def backward(ctx, grad_total: torch.Tensor):
-        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        hidden, weight, bias, targets, lse, groups = ctx.saved_tensors
         w = weight.to(ctx.dtype)
         grad_hidden = torch.empty_like(hidden)
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
@@ -108,7 +115,7 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
             t = targets[start:end].unsqueeze(1)
             g = _head_logits(h, w, bias).sub_(lse[start:end].unsqueeze(1)).exp_()  # softmax
             g.scatter_add_(1, t.clamp(min=0), -torch.ones_like(t, dtype=g.dtype))  # - one-hot
-            g.mul_((t != IGNORE_INDEX).float() * grad_total)
+            g.mul_((t != IGNORE_INDEX).float() * _row_grad(grad_total, groups, start, end))
             g_low = g.to(ctx.dtype)
             grad_hidden[start:end] = (g_low @ w).to(hidden.dtype)
             if grad_weight is not None:
@@ -116,7 +123,25 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += g.sum(dim=0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None)
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None, None)
+
+
+def _sums(n_groups: int, device) -> torch.Tensor:
+    """The fp32 accumulator of a summed loss: one number, or one per source."""
+    return torch.zeros(n_groups or (), dtype=torch.float32, device=device)
+
+
+def _add_rows(total: torch.Tensor, rows: torch.Tensor, groups: torch.Tensor | None, start: int) -> None:
+    """Add a chunk's row losses (rows ``start``...) to the total, or to their sources' sums."""
+    if groups is None:
+        total += rows.sum()
+    else:
+        total.index_add_(0, groups[start:start + rows.shape[0]], rows)
+
+
+def _row_grad(grad_total: torch.Tensor, groups: torch.Tensor | None, start: int, end: int) -> torch.Tensor:
+    """The incoming gradient of rows ``start:end``: the total's, or each row's source's, as a column."""
+    return grad_total if groups is None else grad_total[groups[start:end]].unsqueeze(1)
 
 
 def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -127,21 +152,35 @@ def _head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return x.float()
 
 
-def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int) -> torch.Tensor:
-    """Summed fp32 cross-entropy over rows whose target is not IGNORE_INDEX; chunked unless chunk_tokens=0."""
+def cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor, chunk_tokens: int,
+                      groups: torch.Tensor | None = None, n_groups: int = 0) -> torch.Tensor:
+    """Summed fp32 cross-entropy over rows whose target is not IGNORE_INDEX; chunked unless chunk_tokens=0. With
+    ``groups`` (each row's source, of ``n_groups``): the (n_groups,) sums per source."""
     if chunk_tokens <= 0:
-        return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="sum")
-    return ChunkedCrossEntropy.apply(logits, targets, chunk_tokens)
+        if groups is None:
+            return torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX,
+                                                     reduction="sum")
+        rows = torch.nn.functional.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="none")
+        return _sums(n_groups, logits.device).index_add(0, groups, rows)
+    return ChunkedCrossEntropy.apply(logits, targets, chunk_tokens, groups, n_groups)
+
+
+def source_groups(batch: dict) -> tuple[torch.Tensor | None, int]:
+    """(each kept position's source, how many sources) of a batch that names them, else (None, 0)."""
+    return (batch["keep_source"], batch["sources"]) if "keep_source" in batch else (None, 0)
 
 
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
-    """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``."""
+    """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``: one
+    number, or the sums per source when the batch names its sources (the module docstring)."""
     inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    groups, n_groups = source_groups(batch)
     head = fused_head_of(model)
     if head is None:
         logits = _kept_outputs(model, inputs, batch["keep"])
         with record_function("anyfit.loss"):  # the logits' share of a profiled step
-            return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens)
+            return cross_entropy_sum(logits.reshape(-1, logits.shape[-1]), batch["keep_targets"], chunk_tokens,
+                                     groups, n_groups)
     # train.fused_loss: the head hands over its inputs, and head and loss run together chunk by chunk
     with head.handing_inputs():
         hidden = _kept_outputs(model, inputs, batch["keep"])
@@ -150,7 +189,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else head.weight.dtype
     with record_function("anyfit.loss"):
         return FusedHeadCrossEntropy.apply(hidden, head.weight, head.bias, batch["keep_targets"],
-                                           chunk_tokens or 1024, dtype)
+                                           chunk_tokens or 1024, dtype, groups, n_groups)
 
 
 def kept_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:

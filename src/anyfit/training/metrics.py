@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from anyfit.config import ConfigError
@@ -139,48 +140,79 @@ class StepMeter:
     device's dense FLOP/s (``anyfit.profiling.flops.device_peak``); with it every line carries ``mfu``, the model
     FLOPs of all processes over the interval's time and their summed peak. ``router``: a mixture of experts' load
     balancing (``anyfit.model.moe.RouterBalance``); every line then carries ``aux_loss``, the mean of the
-    micro-batches' aux losses over the interval (before the coefficient), apart from ``loss``.
+    micro-batches' aux losses over the interval (before the coefficient), apart from ``loss``. ``sources``: the
+    names of ``data.mix``'s sources; every line then carries ``loss/<name>``, each source's summed token loss over
+    its trained tokens (token-weighted as ``loss`` is: the ``trainable_tokens/<name>``-weighted mean of them is
+    ``loss``).
     """
 
-    def __init__(self, device: torch.device, peak_flops: float = 0.0, router=None):
+    def __init__(self, device: torch.device, peak_flops: float = 0.0, router=None, sources: list[str] = ()):
         self.loss = torch.zeros((), device=device)  # summed token loss of the finite steps
         self.trained = torch.zeros((), device=device, dtype=torch.long)  # their trainable tokens (global window)
         self.real_tokens = 0  # tokens this process fed to the model (host ints: no sync)
         self.flops = 0.0  # model FLOPs of this process's windows (host float)
         self.peak_flops = peak_flops
         self.router = router
+        self.sources = list(sources)
+        self.by_source = torch.zeros(len(self.sources), device=device)  # summed token loss per source (finite steps)
+        # per step: (finite, the window's trained tokens per source); host counts, read with the finite flags
+        self.source_steps: list[tuple[torch.Tensor, np.ndarray]] = []
         self.t0 = time.perf_counter()
 
     def add(self, loss_sum: torch.Tensor, finite: torch.Tensor | bool, window_tokens: int, real_tokens: int,
-            flops: float = 0.0) -> None:
+            flops: float = 0.0, by_source: tuple[torch.Tensor, np.ndarray] | None = None) -> None:
+        """One step: this process's summed loss, whether the step was taken, the window's trained tokens (all
+        processes); ``by_source``: this process's summed loss per source and the window's trained tokens per
+        source (all processes)."""
         finite = torch.as_tensor(finite, device=self.loss.device)
         self.loss += torch.where(finite, loss_sum, 0.0)
         self.trained += finite * window_tokens
         self.real_tokens += real_tokens
         self.flops += flops
+        if by_source is not None:
+            sums, tokens = by_source
+            self.by_source += torch.where(finite, sums, 0.0)
+            self.source_steps.append((finite, tokens))
 
     def line(self, accelerator, device: str, **fields: Any) -> dict[str, Any]:
         """The metrics record of the interval (``fields`` first: step, lr, ...), then a fresh interval."""
         host = torch.tensor([float(self.real_tokens), self.flops / 1e9], device=self.loss.device)  # GFLOPs: fp32-safe
         aux = self._aux()
-        totals = torch.cat([self.loss.float().reshape(1), host, aux])
-        loss_total, real_total, gflops, *aux = accelerator.reduce(totals, reduction="sum").tolist()
+        totals = torch.cat([self.loss.float().reshape(1), host, self.by_source, aux])
+        loss_total, real_total, gflops, *rest = accelerator.reduce(totals, reduction="sum").tolist()
+        by_source, aux = rest[:len(self.sources)], rest[len(self.sources):]
         elapsed = time.perf_counter() - self.t0  # after the collective above: the device work is included
         trained = int(self.trained)
         record = {**fields, "loss": round(loss_total / trained, 6) if trained else float("nan"),
                   "tokens_per_s": round(real_total / elapsed, 1), "real_tokens": int(real_total),
                   "trainable_tokens": trained, "peak_mem_gib": round(peak_bytes(device) / GIB, 3), **system_metrics(device)}
+        if self.sources:
+            record.update(self._source_fields(by_source))
         if aux:
             record["aux_loss"] = round(aux[0] / aux[1], 6) if aux[1] else float("nan")
         if self.peak_flops:
             record["mfu"] = round(gflops * 1e9 / elapsed / (self.peak_flops * accelerator.num_processes), 5)
         self.loss.zero_()
         self.trained.zero_()
+        self.by_source.zero_()
+        self.source_steps.clear()
         self.real_tokens = 0
         self.flops = 0.0
         self.t0 = time.perf_counter()
         return record
 
+
+    def _source_fields(self, sums: list[float]) -> dict[str, Any]:
+        """``loss/<name>`` and ``trainable_tokens/<name>`` of the interval's finite steps (a source none of whose
+        tokens were trained in the interval has no ``loss/<name>`` in that line)."""
+        finite = torch.stack([f for f, _ in self.source_steps]).cpu().tolist() if self.source_steps else []
+        tokens = sum((t for ok, (_, t) in zip(finite, self.source_steps) if ok), np.zeros(len(self.sources), np.int64))
+        out: dict[str, Any] = {}
+        for name, total, n in zip(self.sources, sums, tokens.tolist()):
+            if n:
+                out[f"loss/{name}"] = round(total / n, 6)
+            out[f"trainable_tokens/{name}"] = n
+        return out
 
     def _aux(self) -> torch.Tensor:
         """(summed aux losses, how many) of the router's micro-batches since the last line; empty without one."""

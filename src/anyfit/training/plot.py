@@ -1,5 +1,6 @@
-"""A run's curves as a picture: training loss, validation loss and generation accuracy against the step,
-read from its ``metrics.jsonl`` (``anyfit plot RUN``; ``loss.png`` is written at the end of every run)."""
+"""A run's curves as a picture: training loss, validation loss (each source's too, with ``data.mix``) and
+generation accuracy against the step, read from its ``metrics.jsonl`` (``anyfit plot RUN``; ``loss.png`` is written
+at the end of every run)."""
 
 from __future__ import annotations
 
@@ -29,6 +30,13 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         if series[key]:
             steps, values = zip(*series[key])
             loss_ax.plot(steps, values, style, label=label, markersize=3)
+    keys = _source_keys(records)  # data.mix: thin lines, one colour per source, validation dotted
+    colours = {name: f"C{2 + i}" for i, name in enumerate(dict.fromkeys(k.split("/", 1)[1] for k in keys))}
+    for key in keys:
+        steps, values = zip(*[(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))])
+        name = key.split("/", 1)[1]
+        loss_ax.plot(steps, values, ":o" if key.startswith("val_") else "-", linewidth=0.9, markersize=2,
+                     color=colours[name], label=f"{'validation' if key.startswith('val_') else 'training'} loss, {name}")
     loss_ax.set_xlabel("optimizer step")
     loss_ax.set_ylabel("loss (mean per trained token)")
     handles, labels = loss_ax.get_legend_handles_labels()
@@ -48,3 +56,8 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
     fig.savefig(target, dpi=110)
     plt.close(fig)
     return target
+
+
+def _source_keys(records: list[dict]) -> list[str]:
+    """``loss/<name>`` and ``val_loss/<name>`` keys, in order of first appearance."""
+    return list(dict.fromkeys(k for r in records for k in r if k.startswith(("loss/", "val_loss/"))))

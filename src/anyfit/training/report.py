@@ -219,8 +219,9 @@ def _curves(view: RunView) -> str:
     if sources:  # one line per source: training solid, validation with markers
         charts.append(line_chart("Loss per data source", [Series(k, view.series(k), markers=k.startswith("val_"))
                                                            for k in sources], "loss (mean per trained token)"))
-    elif len(view.setting("data.mix") or []) > 1:  # the split itself is not built yet (issue 43, part 2)
-        notes.append(_missing("Loss per data source: not measured yet; anyfit logs one loss for the whole data.mix."))
+    if len(view.setting("data.mix") or []) > 1 and not view.keys("val_loss/"):
+        notes.append(_missing("No validation loss per data source: it is measured on held-out records of each "
+                              "data.mix source (eval.holdout and eval.every); eval.path holds no sources."))
     if view.series("base_kl"):
         charts.append(line_chart("Forgetting (base_kl)", [Series("base_kl", view.series("base_kl"), markers=True)],
                                  "base_kl", y_floor=0.0))

@@ -14,7 +14,8 @@ from anyfit.training.loss import token_loss_sum
 
 def backward_window(backend: Backend, accelerator, model, micro_batches: list[dict[str, torch.Tensor]],
                     window_tokens: int, loss_fn=token_loss_sum) -> torch.Tensor:
-    """Forward and backward over one accumulation window; returns this process's summed token loss (detached).
+    """Forward and backward over one accumulation window; returns this process's summed token loss (detached): one
+    number, or one per source where the batches name their sources (``data.mix``; ``training.loss``).
 
     Each micro-batch's summed loss is divided by the trainable tokens of the *global* window and
     multiplied by the process count (DDP averages gradients over processes), so the accumulated gradient
@@ -31,16 +32,16 @@ def backward_window(backend: Backend, accelerator, model, micro_batches: list[di
     transformers' ``loss + router_aux_loss_coef x aux_loss``.
     """
     scale = accelerator.num_processes / max(1, window_tokens)
-    total = torch.zeros((), device=accelerator.device)
+    total = None
     router = router_balance_of(model)
     for i, batch in enumerate(micro_batches):
         with backend.sync(accelerator, model, last=i == len(micro_batches) - 1):
             with record_function("anyfit.forward"):  # the phases anyfit.profiling reads from a trace
                 loss_sum = loss_fn(model, batch)
-                objective = loss_sum * scale
+                objective = loss_sum.sum() * scale
                 if router is not None:
                     objective = objective + router.weighted(len(micro_batches))
             with record_function("anyfit.backward"):
                 backend.backward(accelerator, model, objective)
-        total += loss_sum.detach()
+        total = loss_sum.detach() if total is None else total + loss_sum.detach()
     return total

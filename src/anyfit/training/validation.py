@@ -18,6 +18,7 @@ from anyfit.backends import Backend, unwrapped
 from anyfit.backends.sequence import SequenceSplit
 from anyfit.config import Config
 from anyfit.data.batching import to_device
+from anyfit.data.mixture import loss_sources
 from anyfit.data.prepare import TrainingData
 from anyfit.evaluation.evaluate import generation_eval
 from anyfit.runfolder import write_generations
@@ -28,27 +29,44 @@ GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_token
 @torch.no_grad()
 def validation_loss(backend: Backend, accelerator, model, examples: list[dict], micro_batch: int, collate_fn,
                     loss_fn, split: SequenceSplit = SequenceSplit()) -> float:
-    """Mean token loss over every trainable token of ``examples``, split over the data-parallel groups. A sharded
-    model needs every process in every forward (weights are gathered layer by layer), so there each process
-    runs all examples; a sequence-parallel group runs the same examples, each process its part of them
-    (``loss_fn`` is the split one), and one process per group counts the tokens. The sums over all processes
-    then hold every example as often as every token count does."""
+    """Mean token loss over every trainable token of ``examples`` (``validation_losses``)."""
+    return validation_losses(backend, accelerator, model, examples, micro_batch, collate_fn, loss_fn, split)[0]
+
+
+@torch.no_grad()
+def validation_losses(backend: Backend, accelerator, model, examples: list[dict], micro_batch: int, collate_fn,
+                      loss_fn, split: SequenceSplit = SequenceSplit(), sources: int = 0
+                      ) -> tuple[float, list[float | None]]:
+    """Mean token loss over every trainable token of ``examples``, split over the data-parallel groups, and with
+    ``sources`` (examples of ``data.mix``, each knowing its source) the mean over each source's tokens (None for a
+    source without one). A sharded model needs every process in every forward (weights are gathered layer by
+    layer), so there each process runs all examples; a sequence-parallel group runs the same examples, each
+    process its part of them (``loss_fn`` is the split one), and one process per group counts the tokens. The sums
+    over all processes then hold every example as often as every token count does."""
     mine = examples if backend.sharded else examples[split.data_rank::split.data_size]
     mine = sorted(mine, key=lambda e: -len(e["input_ids"]))  # similar lengths together: less padding
-    totals = torch.zeros(2, device=accelerator.device)
+    totals = torch.zeros(2 + 2 * sources, device=accelerator.device)  # loss, tokens; per source: losses, tokens
     was_training = model.training
     model.eval()  # no dropout: the number does not depend on the RNG, and the RNG is not consumed
     try:
         starts = range(0, len(mine), micro_batch)
         for i in tqdm(starts, desc="validation", leave=False, disable=not accelerator.is_main_process or len(starts) < 20):
             batch = to_device(collate_fn(mine[i:i + micro_batch]), accelerator.device)
-            totals[0] += loss_fn(model, batch).float()
-            totals[1] += batch["keep_targets"].numel() if split.counts() else 0
+            loss = loss_fn(model, batch).float()
+            totals[0] += loss.sum()
+            if loss.ndim:  # one sum per source
+                totals[2:2 + sources] += loss
+            if split.counts():
+                totals[1] += batch["keep_targets"].numel()
+                if "keep_source" in batch:
+                    totals[2 + sources:] += torch.bincount(batch["keep_source"], minlength=sources)
     finally:
         model.train(was_training)
         backend.after_eval(model)
     totals = accelerator.reduce(totals, reduction="sum")
-    return (totals[0] / totals[1].clamp(min=1)).item()
+    mean = (totals[0] / totals[1].clamp(min=1)).item()
+    sums, counts = totals[2:2 + sources].tolist(), totals[2 + sources:].tolist()
+    return mean, [total / n if n else None for total, n in zip(sums, counts)]
 
 
 class InTrainingEval:
@@ -74,8 +92,11 @@ class InTrainingEval:
         """Validation loss (all processes) and generation accuracy (main process; the others wait)."""
         record: dict[str, Any] = {"step": done}
         if loss and self.data.eval_examples:
-            record["val_loss"] = round(validation_loss(backend, accelerator, model, self.data.eval_examples,
-                                                       micro_batch, self.collate_fn, self.loss_fn, self.split), 6)
+            names = loss_sources(self.data.eval_examples)  # data.mix with eval.holdout: per source too
+            mean, per_source = validation_losses(backend, accelerator, model, self.data.eval_examples, micro_batch,
+                                                 self.collate_fn, self.loss_fn, self.split, len(names))
+            record["val_loss"] = round(mean, 6)
+            record.update({f"val_loss/{name}": round(v, 6) for name, v in zip(names, per_source) if v is not None})
         if loss and self.watch is not None:  # drift from the base model (training.forgetting), beside val_loss
             kl = self.watch.measure(backend, accelerator, model, micro_batch, self.split)
             record["base_kl"] = float(f"{kl:.6g}")  # significant digits: it starts at 0

@@ -47,6 +47,24 @@ def test_the_parts_of_a_batch_hold_each_trained_target_once_at_its_global_positi
         assert all("attention_mask" not in p for p in parts)  # causal by position after the all-to-all
 
 
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed"])
+def test_each_trained_target_keeps_its_source_in_its_part(packed):
+    """data.mix: the parts' sources, part after part, are the whole batch's, each with its own target."""
+    mixed = [{**ex, "source": s, "sources": 3} for ex, s in zip(EXAMPLES, (2, 0, 1))]
+    batch = collate(mixed, pad_id=0, packed=packed)
+    assert batch["keep_source"].tolist() == [2, 2, 2, 2, 0, 0, 0, 1]
+    parts = [shard_batch(batch, 3, r) for r in range(3)]
+    assert all(p["sources"] == 3 and p["keep_source"].shape == p["keep_targets"].shape for p in parts)
+    if packed:
+        assert torch.equal(torch.cat([p["keep_source"] for p in parts]), batch["keep_source"])
+    else:  # part by part the rows' targets interleave; per row, in order, they are the batch's
+        width = parts[0]["keep"].shape[1]
+        grid = torch.full((3, 3 * width), -1)
+        for r, p in enumerate(parts):
+            grid[:, r * width:(r + 1) * width][p["keep"]] = p["keep_source"]
+        assert grid[grid >= 0].tolist() == batch["keep_source"].tolist()
+
+
 def test_a_split_process_knows_its_part_and_its_data_group():
     assert [SequenceSplit.of(2, i, 4) for i in range(4)] == [
         SequenceSplit(2, 0, 0, 2), SequenceSplit(2, 1, 0, 2), SequenceSplit(2, 0, 1, 2), SequenceSplit(2, 1, 1, 2)]

@@ -71,7 +71,7 @@ def test_the_epoch_is_drawn_by_weight_the_same_way_every_time(tmp_path, two_sour
     chat_expected, _ = tokenize_dataset(load_records(c), tokenizer, c)
     for i in (0, 44, 45, 59):
         source, row = int(data.examples.source[i]), int(data.examples.rows[i])
-        assert data.examples[i] == (math_expected, chat_expected)[source][row]
+        assert data.examples[i] == {**(math_expected, chat_expected)[source][row], "source": source, "sources": 2}
     assert data.examples.lengths.tolist() == [len(e["input_ids"]) for e in data.examples]
     # the same mixture on every process and every call (a pure function of the config and the seed)
     again = prepare_training_data(cfg, tokenizer, echo=lambda *a: None)
@@ -89,7 +89,8 @@ def test_shares_add_up():
 
 @pytest.mark.parametrize("extra, message", [
     (["data.path=x.jsonl"], "either data.path"),
-    (["eval.holdout=5"], "eval.holdout"),
+    (["eval.split=test"], "eval.split alone"),
+    (["data.mix=[{path: a.jsonl, name: x}, {path: b.jsonl, name: x}]"], "distinct"),
     (["data.mix=[{path: a.jsonl, wieght: 2}]"], "Did you mean 'weight'"),
     (["data.mix=[{path: a.jsonl, weight: 0}]"], "positive number"),
     (["data.mix=[{path: a.jsonl, template: nope}]"], "data.mix[0].template"),

@@ -95,3 +95,50 @@ def test_varlen_flash_attention_matches_per_example_sdpa():
     ref = torch.cat([F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
                                                     enable_gqa=True) for s, e in [(0, 5), (5, 22), (22, 31)]], dim=2)
     assert torch.allclose(got.float(), ref.transpose(1, 2).float(), atol=2e-2)
+
+
+@pytest.mark.parametrize("chunk", [0, 3, 1000])
+def test_per_source_sums_are_each_sources_loss_and_leave_the_gradient_as_it_was(chunk):
+    """data.mix: the loss of each source's rows, by torch's cross-entropy on those rows alone; their total is the
+    loss, and the gradient is the one of the plain summed loss, bit for bit (each row scaled by the same number)."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(9, 40, generator=g) * 3
+    targets = torch.randint(0, 40, (9,), generator=g)
+    targets[4] = IGNORE_INDEX
+    groups = torch.tensor([0, 2, 2, 0, 1, 0, 2, 2, 0])  # source 1's only row is ignored: its sum is 0
+
+    def run(*by_source):
+        x = logits.clone().requires_grad_(True)
+        loss = cross_entropy_sum(x, targets, chunk, *by_source)
+        (loss.sum() * 0.25).backward()
+        return loss.detach(), x.grad
+
+    total, plain_grad = run()
+    sums, grad = run(groups, 3)
+    assert sums.shape == (3,) and sums[1] == 0
+    for s in range(3):
+        rows = groups == s
+        expected = F.cross_entropy(logits[rows], targets[rows], ignore_index=IGNORE_INDEX, reduction="sum")
+        assert sums[s] == pytest.approx(expected.item(), rel=1e-6)
+    assert sums.sum() == pytest.approx(total.item(), rel=1e-6)
+    assert torch.equal(grad, plain_grad)
+
+
+def test_the_fused_head_sums_per_source_too(tiny_llama_dir):
+    """train.fused_loss: the same per-source sums as the plain head's, the gradient unchanged by the split."""
+    from anyfit.model.head import fuse_head
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32)
+    examples = [{**ex, "source": s, "sources": 2} for ex, s in zip(_examples(model.config.vocab_size), (1, 0, 1))]
+    mixed = collate(examples, pad_id=0)
+    plain = collate([{k: e[k] for k in ("input_ids", "labels")} for e in examples], pad_id=0)
+    reference = token_loss_sum(model, mixed, chunk_tokens=4).detach()
+    fuse_head(model)
+    sums = token_loss_sum(model, mixed, chunk_tokens=4)
+    sums.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    token_loss_sum(model, plain, chunk_tokens=4).backward()
+    assert sums.shape == (2,)
+    torch.testing.assert_close(sums.detach(), reference, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))

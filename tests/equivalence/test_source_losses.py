@@ -1,0 +1,113 @@
+"""Loss per data source (data.mix): each source's training and validation loss, token-weighted as the main loss,
+the same whatever the split into micro-batches and processes, and the validation loss of each source equal to
+transformers' own loss on that source's held-out examples."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from launches import launch
+from tiny_runs import read_metrics, write_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from anyfit.config import load_config
+from anyfit.data.prepare import prepare_training_data
+from anyfit.training.loop import train
+
+SOURCES = ("words", "numbers")
+RUN = ("train.effective_batch=8", "train.max_steps=4", "train.learning_rate=1e-2", "train.seed=0", "train.log_every=1",
+       "eval.holdout=3", "eval.every=2")
+
+
+def mix(tmp) -> str:
+    words = write_dataset(tmp / "words.jsonl", n=20)
+    numbers = tmp / "numbers.jsonl"  # another shape: plain text, every token trained
+    numbers.write_text("".join(json.dumps({"text": " ".join(str(i * j % 97) for j in range(2 + i % 7))}) + "\n"
+                               for i in range(14)))
+    return f"data.mix=[{{path: {words}, weight: 2, name: words}}, {{path: {numbers}, weight: 1}}]"
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_llama_dir, tmp_path_factory):
+    """The same mixture: one process with micro-batch 8, one with packed micro-batches of 2 (accumulation 4)."""
+    tmp = tmp_path_factory.mktemp("sources")
+    data = mix(tmp)
+    configs = {name: load_config(None, [f"model.name_or_path={tiny_llama_dir}", data, "data.template=plain",
+                                        f"train.output_dir={tmp / name}", *RUN, *extra])
+               for name, extra in {"whole": ("train.micro_batch=8",),
+                                   "packed": ("train.micro_batch=2", "train.packing=true")}.items()}
+    for cfg in configs.values():
+        train(cfg, echo=lambda *a: None)
+    return tmp, data, configs
+
+
+def per_step(out) -> dict[int, dict]:
+    return {m["step"]: m for m in read_metrics(out) if "loss" in m}
+
+
+def assert_same_sources(a: dict[int, dict], b: dict[int, dict]) -> None:
+    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
+    for step in a:
+        for name in SOURCES:
+            assert a[step][f"trainable_tokens/{name}"] == b[step][f"trainable_tokens/{name}"]
+            assert (f"loss/{name}" in a[step]) == (f"loss/{name}" in b[step])
+            if f"loss/{name}" in a[step]:
+                assert a[step][f"loss/{name}"] == pytest.approx(b[step][f"loss/{name}"], rel=1e-4), (step, name)
+
+
+def test_the_sources_losses_are_the_loss_token_weighted(runs):
+    tmp, _, _ = runs
+    steps = per_step(tmp / "whole")
+    assert sum(f"loss/{n}" in m for m in steps.values() for n in SOURCES) >= 6  # both sources, most steps
+    for m in steps.values():
+        tokens = {n: m[f"trainable_tokens/{n}"] for n in SOURCES}
+        assert sum(tokens.values()) == m["trainable_tokens"]
+        weighted = sum(m[f"loss/{n}"] * tokens[n] for n in SOURCES if tokens[n]) / m["trainable_tokens"]
+        assert weighted == pytest.approx(m["loss"], rel=1e-5)  # each logged value rounded to 6 digits
+    evals = [m for m in read_metrics(tmp / "whole") if "val_loss" in m]
+    assert [m["step"] for m in evals] == [2, 4] and all(f"val_loss/{n}" in m for m in evals for n in SOURCES)
+
+
+def test_the_split_into_micro_batches_changes_no_sources_loss(runs):
+    tmp, _, _ = runs
+    assert_same_sources(per_step(tmp / "whole"), per_step(tmp / "packed"))
+    for a, b in zip(*([m for m in read_metrics(tmp / r) if "val_loss" in m] for r in ("whole", "packed"))):
+        for name in SOURCES:
+            assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
+
+
+def test_each_sources_validation_loss_is_transformers_own(runs, tiny_llama_dir):
+    """The final model's loss on each source's held-out examples, one example at a time with transformers'
+    ``labels`` (its own shift and mean), weighted by each example's trained tokens."""
+    tmp, _, configs = runs
+    data = prepare_training_data(configs["whole"], AutoTokenizer.from_pretrained(tiny_llama_dir), echo=lambda *a: None)
+    model = AutoModelForCausalLM.from_pretrained(tmp / "whole", dtype=torch.float32).eval()
+    sums, counts = [0.0, 0.0], [0, 0]
+    with torch.no_grad():
+        for ex in data.eval_examples:
+            n = sum(t != -100 for t in ex["labels"][1:])
+            loss = model(input_ids=torch.tensor([ex["input_ids"]]), labels=torch.tensor([ex["labels"]])).loss
+            sums[ex["source"]] += loss.item() * n
+            counts[ex["source"]] += n
+    logged = [m for m in read_metrics(tmp / "whole") if "val_loss" in m][-1]
+    assert logged["step"] == 4 and all(counts)
+    for s, name in enumerate(SOURCES):
+        assert logged[f"val_loss/{name}"] == pytest.approx(sums[s] / counts[s], rel=1e-5)
+    report = (tmp / "whole" / "report.html").read_text()
+    assert "Loss per data source" in report and "val_loss/numbers" in report
+
+
+@pytest.mark.multiprocess
+def test_two_processes_give_each_sources_loss_of_one(runs, tiny_llama_dir):
+    """torchrun --nproc_per_node 2 (gloo), micro-batch 2: the per-source sums are reduced with the loss's."""
+    tmp, data, _ = runs
+    config = tmp / "two.yaml"
+    config.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\ndata: {{template: plain}}\n")
+    launch(config, tmp / "two", 2, data, *RUN, "train.micro_batch=2")
+    assert_same_sources(per_step(tmp / "whole"), per_step(tmp / "two"))
+    one, two = ([m for m in read_metrics(tmp / r) if "val_loss" in m] for r in ("whole", "two"))
+    for a, b in zip(one, two):
+        for name in SOURCES:
+            assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
