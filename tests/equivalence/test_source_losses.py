@@ -17,6 +17,7 @@ from anyfit.data.prepare import prepare_training_data
 from anyfit.training.loop import train
 
 SOURCES = ("words", "numbers")
+COLUMN = ("blue", "red_team")  # data.source_column's values in order of first appearance, fit for metric keys
 RUN = ("train.effective_batch=8", "train.max_steps=4", "train.learning_rate=1e-2", "train.seed=0", "train.log_every=1",
        "eval.holdout=3", "eval.every=2")
 
@@ -29,15 +30,26 @@ def mix(tmp) -> str:
     return f"data.mix=[{{path: {words}, weight: 2, name: words}}, {{path: {numbers}, weight: 1}}]"
 
 
+def with_column(tmp) -> tuple[str, ...]:
+    """One data set whose records name their source in a field (data.source_column)."""
+    rows = [json.loads(line) for line in write_dataset(tmp / "w.jsonl", n=24).read_text().splitlines()]
+    path = tmp / "column.jsonl"
+    path.write_text("".join(json.dumps({**r, "origin": "red team" if i % 3 else "blue"}) + "\n"
+                            for i, r in enumerate(rows)))
+    return f"data.path={path}", "data.source_column=origin"
+
+
 @pytest.fixture(scope="module")
 def runs(tiny_llama_dir, tmp_path_factory):
-    """The same mixture: one process with micro-batch 8, one with packed micro-batches of 2 (accumulation 4)."""
+    """The same mixture: one process with micro-batch 8, one with packed micro-batches of 2 (accumulation 4); and
+    one data set split by its source column."""
     tmp = tmp_path_factory.mktemp("sources")
     data = mix(tmp)
-    configs = {name: load_config(None, [f"model.name_or_path={tiny_llama_dir}", data, "data.template=plain",
+    configs = {name: load_config(None, [f"model.name_or_path={tiny_llama_dir}", "data.template=plain",
                                         f"train.output_dir={tmp / name}", *RUN, *extra])
-               for name, extra in {"whole": ("train.micro_batch=8",),
-                                   "packed": ("train.micro_batch=2", "train.packing=true")}.items()}
+               for name, extra in {"whole": (data, "train.micro_batch=8"),
+                                   "packed": (data, "train.micro_batch=2", "train.packing=true"),
+                                   "column": (*with_column(tmp), "train.micro_batch=4")}.items()}
     for cfg in configs.values():
         train(cfg, echo=lambda *a: None)
     return tmp, data, configs
@@ -57,17 +69,18 @@ def assert_same_sources(a: dict[int, dict], b: dict[int, dict]) -> None:
                 assert a[step][f"loss/{name}"] == pytest.approx(b[step][f"loss/{name}"], rel=1e-4), (step, name)
 
 
-def test_the_sources_losses_are_the_loss_token_weighted(runs):
+@pytest.mark.parametrize("run, names", [("whole", SOURCES), ("column", COLUMN)])
+def test_the_sources_losses_are_the_loss_token_weighted(runs, run, names):
     tmp, _, _ = runs
-    steps = per_step(tmp / "whole")
-    assert sum(f"loss/{n}" in m for m in steps.values() for n in SOURCES) >= 6  # both sources, most steps
+    steps = per_step(tmp / run)
+    assert sum(f"loss/{n}" in m for m in steps.values() for n in names) >= 6  # both sources, most steps
     for m in steps.values():
-        tokens = {n: m[f"trainable_tokens/{n}"] for n in SOURCES}
+        tokens = {n: m[f"trainable_tokens/{n}"] for n in names}
         assert sum(tokens.values()) == m["trainable_tokens"]
-        weighted = sum(m[f"loss/{n}"] * tokens[n] for n in SOURCES if tokens[n]) / m["trainable_tokens"]
+        weighted = sum(m[f"loss/{n}"] * tokens[n] for n in names if tokens[n]) / m["trainable_tokens"]
         assert weighted == pytest.approx(m["loss"], rel=1e-5)  # each logged value rounded to 6 digits
-    evals = [m for m in read_metrics(tmp / "whole") if "val_loss" in m]
-    assert [m["step"] for m in evals] == [2, 4] and all(f"val_loss/{n}" in m for m in evals for n in SOURCES)
+    evals = [m for m in read_metrics(tmp / run) if "val_loss" in m]
+    assert [m["step"] for m in evals] == [2, 4] and all(f"val_loss/{n}" in m for m in evals for n in names)
 
 
 def test_the_split_into_micro_batches_changes_no_sources_loss(runs):
@@ -78,12 +91,13 @@ def test_the_split_into_micro_batches_changes_no_sources_loss(runs):
             assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
 
 
-def test_each_sources_validation_loss_is_transformers_own(runs, tiny_llama_dir):
+@pytest.mark.parametrize("run, names", [("whole", SOURCES), ("column", COLUMN)])
+def test_each_sources_validation_loss_is_transformers_own(runs, tiny_llama_dir, run, names):
     """The final model's loss on each source's held-out examples, one example at a time with transformers'
     ``labels`` (its own shift and mean), weighted by each example's trained tokens."""
     tmp, _, configs = runs
-    data = prepare_training_data(configs["whole"], AutoTokenizer.from_pretrained(tiny_llama_dir), echo=lambda *a: None)
-    model = AutoModelForCausalLM.from_pretrained(tmp / "whole", dtype=torch.float32).eval()
+    data = prepare_training_data(configs[run], AutoTokenizer.from_pretrained(tiny_llama_dir), echo=lambda *a: None)
+    model = AutoModelForCausalLM.from_pretrained(tmp / run, dtype=torch.float32).eval()
     sums, counts = [0.0, 0.0], [0, 0]
     with torch.no_grad():
         for ex in data.eval_examples:
@@ -91,12 +105,12 @@ def test_each_sources_validation_loss_is_transformers_own(runs, tiny_llama_dir):
             loss = model(input_ids=torch.tensor([ex["input_ids"]]), labels=torch.tensor([ex["labels"]])).loss
             sums[ex["source"]] += loss.item() * n
             counts[ex["source"]] += n
-    logged = [m for m in read_metrics(tmp / "whole") if "val_loss" in m][-1]
+    logged = [m for m in read_metrics(tmp / run) if "val_loss" in m][-1]
     assert logged["step"] == 4 and all(counts)
-    for s, name in enumerate(SOURCES):
+    for s, name in enumerate(names):
         assert logged[f"val_loss/{name}"] == pytest.approx(sums[s] / counts[s], rel=1e-5)
-    report = (tmp / "whole" / "report.html").read_text()
-    assert "Loss per data source" in report and "val_loss/numbers" in report
+    report = (tmp / run / "report.html").read_text()
+    assert "Loss per data source" in report and f"val_loss/{names[1]}" in report
 
 
 @pytest.mark.multiprocess

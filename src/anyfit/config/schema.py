@@ -141,6 +141,11 @@ class DataConfig:
     cache_dir: str | None = _f(
         None, "Where token stores are kept: the data tokenized once and memory-mapped by every later run and "
         "process (anyfit prepare builds one ahead). Default: $ANYFIT_CACHE/tokens, else ~/.cache/anyfit/tokens.")
+    source_column: str | None = _f(
+        None, "A record field naming each record's source (e.g. source in allenai/tulu-3-sft-mixture): training and "
+        "validation loss are then logged per source too (loss/<value>, val_loss/<value>), as with data.mix. Every "
+        "record needs a value (eval.path data too); at most 64 distinct values. Not with data.mix, whose entries are "
+        "the sources.")
     mix: list[dict[str, Any]] = _f(
         [], "Several sources in one run instead of data.path: a list of {path, weight, ...} where each entry may set "
         "any data.* key for itself (split, subset, fields, template, system_prompt, format, max_length, ...; the "
@@ -495,6 +500,9 @@ def _check_mix(cfg: Config) -> None:
         return
     if cfg.data.path:
         raise ConfigError("Set either data.path (one source) or data.mix (several), not both.")
+    if cfg.data.source_column:
+        raise ConfigError("data.source_column splits the loss of one data set by a field; with data.mix the entries "
+                          "are the sources already: set one of them.")
     if cfg.eval.split and not cfg.eval.path:
         raise ConfigError("eval.split alone takes held-out data from the one data.path; with data.mix use "
                           "eval.holdout (records of each source) or eval.path (and eval.split).")

@@ -15,13 +15,13 @@ as well (``training.loss``) and logged as ``loss/<name>`` and ``val_loss/<name>`
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from anyfit.config import DataConfig
+from anyfit.data.source_names import metric_names
 from anyfit.data.store import Examples
 from anyfit.data.tokenization import DataReport, TokenizedExample
 
@@ -39,13 +39,13 @@ def source_names(cfg: DataConfig) -> list[str]:
     """The name each ``data.mix`` source's loss is logged under (``loss/<name>``): its entry's ``name``, else its
     file, folder or data set name up to the first dot; letters, digits, ``_.-`` kept, anything else ``_``. A name
     that two entries would share gets the entry's index (``math-2``)."""
-    names = [str(entry.get("name") or _stem(str(entry["path"]))) for entry in cfg.mix]
-    names = [re.sub(r"[^\w.-]", "_", n) or "source" for n in names]
-    return [f"{n}-{i}" if names.count(n) > 1 and not cfg.mix[i].get("name") else n for i, n in enumerate(names)]
+    return metric_names([str(entry.get("name") or _stem(str(entry["path"]))) for entry in cfg.mix],
+                        [bool(entry.get("name")) for entry in cfg.mix])
 
 
 def loss_sources(examples) -> list[str]:
-    """The sources whose losses are reported one by one: a mixture's names when it has more than one source."""
+    """The sources whose losses are reported one by one: a mixture's names, or those of a store's source column,
+    when there is more than one."""
     names = getattr(examples, "names", [])
     return names if len(names) > 1 else []
 

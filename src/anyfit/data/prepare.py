@@ -12,6 +12,8 @@ import dataclasses
 import random
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data import fingerprint
 from anyfit.data.answers import example_gold
@@ -64,6 +66,8 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
             if cfg.eval.path or cfg.eval.split else None
     if not len(examples):
         raise DataError(nothing_left(examples.report))
+    if cfg.data.source_column:
+        echo(_column_line(cfg.data.source_column, examples))
     data = TrainingData(examples, examples.report)
     if eval_examples is None:
         return data
@@ -118,6 +122,15 @@ def _mixture(cfg: Config, tokenizer, echo) -> tuple[MixedExamples, MixedExamples
         return mixed, None, []
     gold_from = [(source, h) for (source, _), h in zip(sources, held)]
     return mixed, MixedExamples.whole([store.view(h) for store, h in zip(stores, held)], names), gold_from
+
+
+def _column_line(column: str, examples: Examples) -> str:
+    """What ``data.source_column`` found: per source, its training examples and trained tokens."""
+    counts = np.bincount(examples.store.arrays["example_source"][examples.rows], minlength=len(examples.names))
+    trained = examples.trained_by_source(np.arange(len(examples)))
+    parts = [f"{name} {n:,} examples, {t:,} trained tokens" for name, n, t in zip(examples.names, counts, trained)]
+    return f"[anyfit] data.source_column {column}: {len(parts)} source(s): " + "; ".join(parts) + \
+        ("" if len(parts) > 1 else " (one source: the loss is not split)")
 
 
 def _without(store: TokenStore, held: list[int]) -> Examples:

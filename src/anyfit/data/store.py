@@ -14,6 +14,8 @@ Layout of one store (a folder named by its key, under ``data.cache_dir``, defaul
     part_cut.bin        int32, per part: the tokens the cut to data.max_length removed (0 when not cut)
     record_digest.bin   uint64, per source record: a digest of the record (what a checkpoint keeps to tell a
                         resumed run which records changed: ``anyfit.data.fingerprint``)
+    example_source.bin  int16, per example: its record's ``data.source_column`` value, numbered (the names are in
+                        the manifest's ``sources``); empty without a source column
     manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
 
 Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
@@ -64,21 +66,24 @@ from anyfit.config import DataConfig
 from anyfit.data import answers, audit, chat, formats, messages, stopping, template_probes, templates, tokenization
 from anyfit.data.audit import Findings
 from anyfit.data.chat import use_chat_template
+from anyfit.data import source_names
 from anyfit.data.fingerprint import record_digests
 from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
 from anyfit.units import GIB
 
-FORMAT = 4  # 2: record_cut.bin; 3: parts (a record can make several examples); 4: record_digest.bin
+FORMAT = 5  # 2: record_cut.bin; 3: parts (a record can make several examples); 4: record_digest.bin;
+# 5: example_source.bin
 # name -> dtype; the per-example and per-record arrays are small next to the token arrays.
 ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
           "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32,
-          "record_digest": np.uint64}
+          "record_digest": np.uint64, "example_source": np.int16}
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
-TOKENIZING_CODE = (formats, messages, chat, template_probes, templates, stopping, audit, tokenization, answers)
+TOKENIZING_CODE = (formats, messages, chat, template_probes, templates, stopping, audit, tokenization, answers,
+                   source_names)
 _KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
 BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
 PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves
@@ -139,7 +144,15 @@ class TokenStore:
         start, stop = int(self.arrays["offsets"][i]), int(self.arrays["offsets"][i + 1])
         ids = self.arrays["input_ids"][start:stop]
         labels = np.where(self.arrays["loss_mask"][start:stop] != 0, ids, IGNORE_INDEX)
-        return {"input_ids": ids.tolist(), "labels": labels.tolist()}
+        example = {"input_ids": ids.tolist(), "labels": labels.tolist()}
+        if len(self.sources) > 1:  # data.source_column: the loss is summed per source too (training.loss)
+            example.update(source=int(self.arrays["example_source"][i]), sources=len(self.sources))
+        return example
+
+    @property
+    def sources(self) -> list[str]:
+        """``data.source_column``'s values, in the order their numbers give ([] without a source column)."""
+        return self.manifest.get("sources", [])
 
     @property
     def lengths(self) -> np.ndarray:
@@ -204,6 +217,17 @@ class Examples:
     def trainable(self) -> np.ndarray:
         return self.store.arrays["trainable"][self.rows]
 
+    @property
+    def names(self) -> list[str]:
+        """What each source's loss is logged under (``data.source_column``; [] without one)."""
+        return source_names.metric_names(self.store.sources)
+
+    def trained_by_source(self, indices: np.ndarray) -> np.ndarray:
+        """Trained tokens per source of the examples ``indices`` (int64, one per source)."""
+        rows = self.rows[indices]
+        return np.bincount(self.store.arrays["example_source"][rows], weights=self.store.arrays["trainable"][rows],
+                           minlength=len(self.store.sources)).astype(np.int64)
+
 
 def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
     """The store of ``cfg`` + ``tokenizer``: mapped when it exists and is intact, else built (by exactly one
@@ -262,7 +286,7 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
     writer: _Writer | None = None
     try:
         with durable.building(folder) as tmp:
-            writer = _Writer(tmp)
+            writer = _Writer(tmp, cfg.source_column)
             for results in batches:
                 writer.add(results)
             if not writer.kept:
@@ -308,9 +332,10 @@ class _Packed:
     cuts: np.ndarray  # int32, one per part: tokens truncation removed
     findings: Findings  # the batch's unread fields and mask audit
     digests: np.ndarray  # uint64, one per record
+    sources: list[str]  # data.source_column's value per record ([] without one)
 
     @staticmethod
-    def of(batch: list[tokenization.RecordResult], records) -> _Packed:
+    def of(batch: list[tokenization.RecordResult], records, column: str | None = None) -> _Packed:
         findings = Findings()
         for result in batch:
             findings.add(result)
@@ -327,7 +352,7 @@ class _Packed:
             raise AssertionError("a label differs from its token id; the token store cannot hold it")
         return _Packed(owners, np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
                        mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)),
-                       findings, record_digests(records, len(records)))
+                       findings, record_digests(records, len(records)), source_names.record_sources(records, column))
 
 
 def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
@@ -346,7 +371,7 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
     bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
     try:
         bar.update(len(first))
-        yield _Packed.of(tokenize_each(first_examples, tokenizer, cfg), first)
+        yield _Packed.of(tokenize_each(first_examples, tokenizer, cfg), first, cfg.source_column)
         if ahead:
             yield from _rest(rest_cfg, tokenizer, first, ahead, batches, bar)
     finally:
@@ -368,7 +393,8 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records],
     if workers <= 1:
         for batch, start in numbered():
             bar.update(len(batch))
-            yield _Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg), batch)
+            yield _Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg), batch,
+                             rest_cfg.source_column)
         return
     # spawn, not fork: the parent may hold a process group and torch's threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
@@ -441,14 +467,17 @@ def _places(batch: Records) -> list[str]:
 def _tokenize_in_worker(records: list[dict], places: list[str], start: int) -> _Packed:
     cfg = _WORKER["cfg"]
     batch = Records(records, places.__getitem__)
-    return _Packed.of(tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg), records)
+    return _Packed.of(tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg), batch,
+                      cfg.source_column)
 
 
 class _Writer:
     """Appends tokenized records to the store's files as they come; only per-record bookkeeping stays in RAM."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, column: str | None = None):
         self.folder = folder
+        self.sources = source_names.SourceTable(column)
+        self.record_source = array("h")  # per record: its source's number (data.source_column)
         self.ids = (folder / "input_ids.bin").open("wb")
         self.mask = (folder / "loss_mask.bin").open("wb")
         self.offsets, self.trainable = array("q", [0]), array("i")
@@ -469,6 +498,7 @@ class _Writer:
         self.records += int(batch.records[-1]) + 1 if len(batch.records) else 0  # every record has a part
         self.findings.merge(batch.findings)
         self.digests.write(batch.digests.tobytes())
+        self.record_source.extend(self.sources.number(batch.sources))
         self.fates.extend(batch.fates.tolist())
         self.cuts.extend(batch.cuts.tolist())
         self.part_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
@@ -489,15 +519,22 @@ class _Writer:
         self.ids.close()
         self.mask.close()
         self.digests.close()
+        # each kept example's record (parts are in record order, kept ones numbered in turn), then its source
+        example_source = np.asarray(self.record_source, dtype=np.int16)[
+            np.asarray(self.part_record, dtype=np.int64)[np.asarray(self.part_example) >= 0]] \
+            if self.sources.column else np.zeros(0, np.int16)
         for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("part_record", self.part_record),
-                             ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts)):
+                             ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts),
+                             ("example_source", example_source)):
             (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
         counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
                   "trainable": len(self.trainable), "part_record": len(self.part_record), "part_fate": len(self.fates),
-                  "part_example": len(self.part_example), "part_cut": len(self.cuts), "record_digest": self.records}
+                  "part_example": len(self.part_example), "part_cut": len(self.cuts), "record_digest": self.records,
+                  "example_source": len(example_source)}
         header = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
                   "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
-                  "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg))}
+                  "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg)),
+                  "sources": self.sources.names}
         durable.write_manifest(self.folder, [f"{name}.bin" for name in ARRAYS], header, memo=digest_memo())
 
 

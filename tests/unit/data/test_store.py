@@ -183,14 +183,49 @@ def test_a_store_maps_the_same_files_in_another_process(tokenizer, tmp_path):
 
 @pytest.mark.multiprocess
 def test_parallel_build_gives_the_same_store(tokenizer, tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", problems(2600))
-    one = open_or_build(data_cfg(path, tmp_path / "a", "data.template=chat", "data.num_proc=1"), tokenizer,
-                        echo=lambda *a: None)
-    two = open_or_build(data_cfg(path, tmp_path / "b", "data.template=chat", "data.num_proc=2"), tokenizer,
-                        echo=lambda *a: None)
+    rows = [{**r, "origin": f"set {i % 3}"} for i, r in enumerate(problems(2600))]  # data.source_column too
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    one = open_or_build(data_cfg(path, tmp_path / "a", "data.template=chat", "data.num_proc=1",
+                                 "data.source_column=origin"), tokenizer, echo=lambda *a: None)
+    two = open_or_build(data_cfg(path, tmp_path / "b", "data.template=chat", "data.num_proc=2",
+                                 "data.source_column=origin"), tokenizer, echo=lambda *a: None)
     assert one.folder.name == two.folder.name  # num_proc is not part of the key
-    for name in ("input_ids", "loss_mask", "offsets", "trainable", "part_record", "part_fate", "part_example"):
+    for name in ("input_ids", "loss_mask", "offsets", "trainable", "part_record", "part_fate", "part_example",
+                 "example_source"):
         assert (one.folder / f"{name}.bin").read_bytes() == (two.folder / f"{name}.bin").read_bytes(), name
+    assert one.sources == two.sources == ["set 0", "set 1", "set 2"]
+
+
+def test_a_source_column_gives_every_example_its_records_source(tokenizer, tmp_path):
+    """data.source_column: each kept example carries its own record's value, numbered in order of first
+    appearance, past dropped records; the names are fit for metric keys."""
+    rows = [{**r, "source": ["gsm/8k", 7, "gsm/8k", "other"][i % 4]} for i, r in enumerate(problems(40))]
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    store = open_or_build(data_cfg(path, tmp_path, "data.template=plain", "data.max_length=40", "data.overlong=drop",
+                                   "data.source_column=source"), tokenizer, echo=lambda *a: None)
+    assert store.sources == ["gsm/8k", "7", "other"] and store.view().names == ["gsm_8k", "7", "other"]
+    part_example, part_record = store.arrays["part_example"], store.arrays["part_record"]
+    assert (part_example < 0).any()  # some records dropped: the numbering must step over them
+    for part in np.flatnonzero(part_example >= 0):
+        record = int(part_record[part])
+        example = store[int(part_example[part])]
+        assert example["source"] == {"gsm/8k": 0, 7: 1, "other": 2}[rows[record]["source"]]
+        assert example["sources"] == 3
+    plain = open_or_build(data_cfg(path, tmp_path, "data.template=plain"), tokenizer, echo=lambda *a: None)
+    assert plain.sources == [] and set(plain[0]) == {"input_ids", "labels"}
+
+
+@pytest.mark.parametrize("rows, needle", [
+    ([{"question": "a", "answer": "b", "source": "x"}, {"question": "c", "answer": "d"}], "d.jsonl:2: data.source_column"),
+    ([{"question": "a", "answer": "b", "source": str(i)} for i in range(70)], "more than 64 distinct values"),
+])
+def test_a_source_column_without_a_value_or_with_too_many_stops_the_build(tokenizer, tmp_path, rows, needle):
+    from anyfit.data.sources import DataError
+
+    path = write_jsonl(tmp_path / "d.jsonl", rows)
+    with pytest.raises(DataError, match=needle):
+        open_or_build(data_cfg(path, tmp_path, "data.template=plain", "data.source_column=source"), tokenizer,
+                      echo=lambda *a: None)
 
 
 def prepare_command(config: Path, env: dict) -> subprocess.Popen:
