@@ -271,7 +271,7 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
 
 def _with_sources(batch: dict, examples: list[dict], targets: list[list[int]], sources: int) -> dict:
     """``batch`` with each kept position's source: padded or packed, the kept positions run example by example."""
-    per_example = [sum(t != IGNORE_INDEX for t in row) for row in targets]
+    per_example = [len(row) - row.count(IGNORE_INDEX) for row in targets]  # list.count: C speed at 32k tokens
     keep_source = torch.repeat_interleave(torch.tensor([ex["source"] for ex in examples], dtype=torch.long),
                                           torch.tensor(per_example))
     return {**batch, "keep_source": keep_source, "sources": sources}

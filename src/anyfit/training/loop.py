@@ -65,7 +65,7 @@ from anyfit.training.run_record import (
 )
 from anyfit.training.plot import plot_run
 from anyfit.training.report import write_report
-from anyfit.training.checkpoints.best import FINAL, Best
+from anyfit.training.checkpoints.best import Best
 from anyfit.training.checkpoints.changes import check_data, resume_lines, resume_record
 from anyfit.training.checkpoints.start import where_to_start
 from anyfit.training.validation import InTrainingEval
@@ -319,10 +319,9 @@ def run_steps(run: Run, say=print) -> TrainResult:
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
         if stops:
             say(f"[anyfit] generation stops at {', '.join(stops)} (generation_config.json)")
-        if checkpoints.best is not None and checkpoints.best.step is not None:
-            where = checkpoints.best.as_dict(final_step=run.steps)["checkpoint"]
-            say(f"[anyfit] best {checkpoints.best.key}: {checkpoints.best.value:.6g} at step {checkpoints.best.step} "
-                f"({'the final model' if where == FINAL else where}); anyfit export {run.out} exports it")
+        best = checkpoints.final_saved()  # train.keep_best: best.json now names a model that exists
+        if best:
+            say(best)
     if acc.is_main_process and result.losses + result.evals:
         try:
             say(f"[anyfit] curves: {plot_run(run.out)}")

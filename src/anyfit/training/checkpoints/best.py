@@ -51,6 +51,13 @@ class Best:
         if self.value is None or (value < self.value if self.lower else value > self.value):
             self.pending = (record["step"], float(value))
 
+    def protected(self) -> tuple[int, ...]:
+        """The step whose checkpoint pruning must keep: the one about to be written for a better value, else the
+        best so far (none before the first measured value)."""
+        if self.pending is not None:
+            return (self.pending[0],)
+        return (self.step,) if self.step is not None else ()
+
     def kept(self) -> None:
         """The pending step's checkpoint is written (or is the final model): it is the best now."""
         if self.pending is not None:

@@ -37,7 +37,7 @@ from anyfit.runfolder import (
     checkpoint_step,
     remove_leftovers,
 )
-from anyfit.training.checkpoints.best import Best
+from anyfit.training.checkpoints.best import FINAL, Best
 from anyfit.training.checkpoints.integrity import SCHEDULER, STATE, checkpoint_problem, write_manifest
 from anyfit.training.checkpoints.disk import (
     agreed,
@@ -112,7 +112,7 @@ class Checkpointer:
     def saw(self, record: dict[str, Any]) -> None:
         """An evaluation line: with ``train.keep_best``, a better value makes its step's checkpoint due (every
         process agrees: generation accuracy is measured on the main one only). At the last step the final model
-        is the best."""
+        is the best (``best.json`` says so once it is written: ``final_saved``)."""
         if self.best is None:
             return
         self.best.saw(record)
@@ -122,8 +122,18 @@ class Checkpointer:
             self.best.pending = broadcast_object_list([self.best.pending])[0]
         if self.best.pending is not None and self.best.pending[0] >= self.total_steps:
             self.best.kept()
-            if self.accelerator.is_main_process:
-                self.best.write(self.out, final_step=self.total_steps)
+
+    def final_saved(self) -> str | None:
+        """After the final model is written: ``best.json`` names the best, the final model when the last step was
+        the best (written only now: a final save that failed leaves it naming a checkpoint that exists); the line
+        that says where the best is (None without ``train.keep_best`` or a measured value)."""
+        if self.best is None or self.best.step is None:
+            return None
+        if self.accelerator.is_main_process:
+            self.best.write(self.out, final_step=self.total_steps)
+        where = self.best.as_dict(final_step=self.total_steps)["checkpoint"]
+        return (f"[anyfit] best {self.best.key}: {self.best.value:.6g} at step {self.best.step} "
+                f"({'the final model' if where == FINAL else where}); anyfit export {self.out} exports it")
 
     def save(self, step: int, last: bool = False) -> Path | None:
         """``checkpoint-<step>`` when due (or ``last``: a stop's; or the best so far); its path, or None when none
@@ -141,7 +151,7 @@ class Checkpointer:
             path = save_checkpoint(self.backend, self.accelerator, self.out, step, self.state,
                                    config_yaml=self.cfg.to_yaml(), trainer_state=trainer_state,
                                    keep_last=self.cfg.train.keep_last, model_cfg=self.cfg.model,
-                                   keep=(self.best.pending or (self.best.step,))[:1] if self.best else ())
+                                   keep=self.best.protected() if self.best else ())
         except NotWritten as e:
             if last:
                 raise
