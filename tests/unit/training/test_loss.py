@@ -142,3 +142,27 @@ def test_the_fused_head_sums_per_source_too(tiny_llama_dir):
     assert sums.shape == (2,)
     torch.testing.assert_close(sums.detach(), reference, rtol=1e-5, atol=1e-5)
     assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
+
+
+def test_the_anchor_to_the_base_carries_its_gradient_once_over_the_sources(tiny_llama_dir):
+    """train.base_kl_weight with data.mix: the anchored loss is one sum per source, and the anchor's gradient is the
+    one the single summed loss has (not once per source)."""
+    from peft import LoraConfig, get_peft_model
+
+    from anyfit.training.forgetting import anchored_loss
+
+    torch.manual_seed(0)
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32),
+                           LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
+    examples = [{**ex, "source": s, "sources": 3} for ex, s in zip(_examples(model.config.vocab_size), (2, 0, 2))]
+    mixed = collate(examples, pad_id=0)
+    plain = collate([{k: e[k] for k in ("input_ids", "labels")} for e in examples], pad_id=0)
+    loss = anchored_loss(model, weight=5.0, chunk_tokens=4)
+    grads = []
+    for batch in (mixed, plain):
+        model.zero_grad()
+        value = loss(model, batch)
+        value.sum().backward()
+        grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
+        assert value.shape == ((3,) if batch is mixed else ())
+    assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
