@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 import torch
-from launches import launch, losses, run_config
+from launches import launch, losses, run_config, run_here
 from safetensors.torch import load_file
 from tiny_runs import read_metrics
 
@@ -48,7 +48,7 @@ def test_split_lora_trains_as_one_process_does(tiny_llama_dir, tmp_path):
     """LoRA adapters (their gradients the all-reduced sum of each part's) over split sequences, four steps."""
     lora = ("lora: {enabled: true, dropout: 0.0}",)
     one, split = tmp_path / "one", tmp_path / "split"
-    launch(run_config(tmp_path, tiny_llama_dir, *lora), one, 1, "train.max_steps=4")
+    run_here(run_config(tmp_path, tiny_llama_dir, *lora), one, "train.max_steps=4")
     launch(run_config(tmp_path, tiny_llama_dir, *lora), split, 2, SPLIT, "runtime.sharding=none", "train.max_steps=4")
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)
     a, b = load_file(one / "adapter_model.safetensors"), load_file(split / "adapter_model.safetensors")
@@ -63,36 +63,41 @@ def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, tiny_llama_d
     again = tmp / "again"
     again.mkdir()
     shutil.copytree(out / "checkpoint-4", again / "checkpoint-4")
-    log = launch(run_config(tmp, tiny_llama_dir), again, 1, "train.resume=auto")
+    log = run_here(run_config(tmp, tiny_llama_dir), again, "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert losses(again) == pytest.approx(losses(unsharded)[4:], rel=2e-4)
 
 
-def _long_examples(path):
+def _long_examples(folder) -> str:
     """24 prompt/completion pairs of 40 to 200 words (about 60 to 330 tokens): longer than the tiny model's
-    hidden size (32), so a process's part of a sequence is still cut into MLP tiles."""
+    hidden size (32), so a process's part of a sequence is still cut into MLP tiles; in two files, mixed
+    (``data.mix``), so the loss per source is split with the sequences too."""
     words = ["red", "green", "blue", "cyan", "gold", "pink", "gray", "navy"]
-    with path.open("w") as f:
-        for i in range(24):
-            k = 40 + 7 * i
-            f.write(json.dumps({"prompt": "Repeat " + " ".join(words[(i + j) % 8] for j in range(k)),
-                                "completion": " ".join(words[(i + 3 * j) % 8] for j in range(k // 2))}) + "\n")
-    return path
+    paths = [folder / "long-even.jsonl", folder / "long-odd.jsonl"]
+    files = [path.open("w") for path in paths]
+    for i in range(24):
+        k = 40 + 7 * i
+        files[i % 2].write(json.dumps({"prompt": "Repeat " + " ".join(words[(i + j) % 8] for j in range(k)),
+                                       "completion": " ".join(words[(i + 3 * j) % 8] for j in range(k // 2))}) + "\n")
+    for f in files:
+        f.close()
+    return f"data.mix=[{{path: {paths[0]}, name: even}}, {{path: {paths[1]}, name: odd}}]"
 
 
 def test_long_packed_rows_split_under_fsdp_with_every_saver_and_validation_match_one_process(tiny_llama_dir,
                                                                                             tmp_path):
     """Long packed rows (boundaries kept whole across the cut), FSDP2 sharding over the same two processes, the
     tiled MLP and the fused loss on each process's part, and the validation loss (each process computing its part
-    of every held-out sequence), against one process with none of them."""
-    data = _long_examples(tmp_path / "long.jsonl")
-    extra = ("eval: {holdout: 4, every: 2}",)
+    of every held-out sequence), each per data source too, against one process with none of them."""
+    data = (_long_examples(tmp_path), "data.path=")
+    extra = ("eval: {holdout: 2, every: 2}",)  # two held-out records of each source
     one, split = tmp_path / "one", tmp_path / "split"
-    launch(run_config(tmp_path, tiny_llama_dir, *extra), one, 1, f"data.path={data}", "train.max_steps=4")
-    log = launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, f"data.path={data}", "train.max_steps=4",
+    run_here(run_config(tmp_path, tiny_llama_dir, *extra), one, *data, "train.max_steps=4")
+    log = launch(run_config(tmp_path, tiny_llama_dir, *extra), split, 2, *data, "train.max_steps=4",
                  SPLIT, "runtime.sharding=fsdp", "train.packing=true", "model.tiled_mlp=true", "train.fused_loss=true")
     assert "sequence split over 2 processes" in log
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)
-    val = [[m["val_loss"] for m in read_metrics(o) if "val_loss" in m] for o in (one, split)]
-    assert len(val[0]) == 2 and val[1] == pytest.approx(val[0], rel=2e-4)
+    for key in ("val_loss", "val_loss/even", "val_loss/odd", "loss/even", "loss/odd", "trainable_tokens/odd"):
+        values = [[m[key] for m in read_metrics(o) if key in m] for o in (one, split)]
+        assert len(values[0]) == (2 if key.startswith("val") else 4) and values[1] == pytest.approx(values[0], rel=2e-4)
     assert json.loads((split / "run_info.json").read_text())["held_per_process"]["loaded_parameters"][1] == 0

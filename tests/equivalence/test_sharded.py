@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
-from launches import STEPS, complete_run, free_port, launch, losses, run_config
+from launches import STEPS, complete_run, free_port, launch, losses, run_config, run_here
 from safetensors.torch import load_file
 from tiny_runs import ENV, HANG_S, final_weights, metric_steps, read_metrics, wait_for
 
@@ -115,7 +115,7 @@ def test_a_sharded_checkpoint_resumes_on_one_process(unsharded, four_processes, 
     out = tmp_path / "out"
     out.mkdir()
     shutil.copytree(four_processes / "checkpoint-4", out / "checkpoint-4")
-    log = launch(run_config(tmp_path, tiny_llama_dir), out, 1, "runtime.sharding=none", "train.resume=auto")
+    log = run_here(run_config(tmp_path, tiny_llama_dir), out, "runtime.sharding=none", "train.resume=auto")
     assert_continues_the_unsharded_run(log, out, unsharded)
 
 
