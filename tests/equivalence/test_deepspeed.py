@@ -33,10 +33,16 @@ def built_op():
 
 @pytest.fixture(scope="module")
 def zero3_two(tiny_llama_dir, tmp_path_factory) -> tuple[Path, str]:
-    """A complete ZeRO-3 run on two processes: (its output folder, its log)."""
+    """A complete ZeRO-3 run on two processes: (its output folder, its log). The model is the tiny Llama written as
+    an f32 GGUF file, which holds the HF folder's weights exactly: the same run as from the folder (the comparisons
+    with the unsharded run below), and the GGUF path of partitioned loading on the way (its own test below). The
+    tokenizer is the HF folder's: transformers rebuilds a GGUF file's own in Python, and it is not what is compared."""
+    from anyfit.export.gguf_writer import write_gguf
+
     tmp = tmp_path_factory.mktemp("zero3")
+    gguf = write_gguf(tiny_llama_dir, tmp / "small-F32.gguf", "f32", echo=lambda *a: None)
     out = tmp / "out"
-    return out, launch(run_config(tmp, tiny_llama_dir), out, 2, "runtime.sharding=deepspeed")
+    return out, launch(run_config(tmp, gguf), out, 2, "runtime.sharding=deepspeed", f"model.tokenizer={tiny_llama_dir}")
 
 
 def test_zero3_on_two_processes_matches_the_unsharded_run(zero3_two, unsharded):
@@ -74,7 +80,8 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, t
     out.mkdir()
     shutil.copytree(written / "checkpoint-4", out / "checkpoint-4")
     assert (out / "checkpoint-4" / "deepspeed").is_dir()
-    log = launch(run_config(tmp_path, tiny_llama_dir), out, 2, "runtime.sharding=deepspeed", "train.resume=auto")
+    log = launch(written.parent / "c.yaml", out, 2, "runtime.sharding=deepspeed", f"model.tokenizer={tiny_llama_dir}",
+                 "train.resume=auto")
     assert "resumed from" in log and "at step 4" in log
     assert losses(out) == losses(written)[4:]
     a, b = final_weights(written), final_weights(out)
@@ -82,17 +89,14 @@ def test_a_zero3_checkpoint_resumes_bit_identically(zero3_two, tiny_llama_dir, t
         assert torch.equal(a[k], b[k]), k
 
 
-def test_a_gguf_model_is_converted_once_and_partitioned_from_safetensors(tiny_llama_dir, tmp_path):
+def test_a_gguf_model_is_converted_once_and_partitioned_from_safetensors(zero3_two, tiny_llama_dir):
     """transformers' partitioned loading reads a GGUF file whole on every process: anyfit converts it once into
-    safetensors (process 0 first, the others reuse the folder) and loads that on process 0 alone. The model has the
-    1,000-token vocabulary: transformers rebuilds a GGUF file's tokenizer in Python (20 s for Qwen's 151k)."""
-    from anyfit.export.gguf_writer import write_gguf
+    safetensors (process 0 first, the others reuse the folder) and loads that on process 0 alone (the run of
+    ``zero3_two``). The model has the 1,000-token vocabulary: transformers rebuilds a GGUF file's tokenizer in
+    Python (20 s for Qwen's 151k)."""
     from anyfit.model.gguf_cache import is_materialized
 
-    gguf = write_gguf(tiny_llama_dir, tmp_path / "small-F32.gguf", "f32", echo=lambda *a: None)
-    out = tmp_path / "out"
-    # the tokenizer from the HF folder: the GGUF file's own is rebuilt by transformers and is not what is compared
-    log = launch(run_config(tmp_path, gguf), out, 2, "runtime.sharding=deepspeed", f"model.tokenizer={tiny_llama_dir}")
+    out, log = zero3_two
     (line,) = [line for line in log.splitlines() if "GGUF model read from its safetensors conversion" in line]
     converted = Path(line.split()[-1])
     assert is_materialized(converted)

@@ -82,18 +82,22 @@ def _train_with(cfg: Path, out: Path, steps: int, preexec=None) -> subprocess.Co
 
 
 @pytest.mark.multirun
-def test_a_full_disk_skips_a_checkpoint_in_one_line_and_keeps_the_earlier_one(sizes, tmp_path):
+def test_a_full_disk_skips_a_checkpoint_in_one_line_and_keeps_the_earlier_one(sizes, tmp_path, capsys):
+    """``anyfit train`` in this process (the CLI's own entry point: its exit status and what it prints), on a real
+    small file system."""
+    from anyfit.cli import main
+
     mount = tmp_path / "small"
     # room for one checkpoint and the final model, not for a second checkpoint beside them
     if not _small_filesystem(mount, sizes["checkpoint"] + sizes["weights"] + sizes["checkpoint"] // 2):
         pytest.skip("no small file system can be mounted here (not root): the write-failure cases still run")
     try:
         out = mount / "run"
-        done = _train_with(sizes["cfg"], out, 6)
-        assert done.returncode == 0, done.stderr[-2000:]
-        warning = [line for line in done.stdout.splitlines() if "[anyfit] warning: checkpoint-4" in line]
+        assert main(["train", str(sizes["cfg"]), f"train.output_dir={out}", "train.max_steps=6"]) == 0
+        done = capsys.readouterr()
+        warning = [line for line in done.out.splitlines() if "[anyfit] warning: checkpoint-4" in line]
         assert len(warning) == 1 and f"checkpoint-4 was not written to {out}: no room: it needs about" in warning[0]
-        assert "checkpoint-2, is intact" in warning[0] and "Traceback" not in done.stderr
+        assert "checkpoint-2, is intact" in warning[0] and "anyfit: error" not in done.err
         assert sorted(p.name for p in out.iterdir() if "checkpoint" in p.name) == ["checkpoint-2"]
         assert checkpoint_problem(out / "checkpoint-2", full=True) is None  # what a resume checks, every byte
         assert (out / "model.safetensors").is_file()  # the run went on to its end
