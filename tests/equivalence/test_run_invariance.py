@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from launches import run_here
 from safetensors.torch import load_file
 from tiny_runs import (
     read_metrics,
@@ -32,13 +33,13 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("DS_ACCELERATOR", None)  # as a user's shell has it (an in-process run of this worker may have set it)
     one, two = tmp_path / "one", tmp_path / "two"
-    single = subprocess.run([sys.executable, "-m", "anyfit", "train", str(cfg_path), f"train.output_dir={one}"],
-                            check=True, env=env, capture_output=True, text=True)
-    # Accelerate's unwrap_model imports DeepSpeed wherever it is installed: it must not speak in a run not using it
-    assert "[WARNING]" not in single.stderr, single.stderr[-2000:]
+    run_here(cfg_path, one)  # the one-process run in this process: the same config and train()
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "anyfit",
                           "train", str(cfg_path), f"train.output_dir={two}"], env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr[-3000:]
+    # Accelerate's unwrap_model imports DeepSpeed wherever it is installed (the main process saves the model through
+    # it): DeepSpeed must not speak in a run not using it
+    assert "[WARNING]" not in run.stderr, run.stderr[-2000:]
     info = json.loads((two / "run_info.json").read_text())
     assert info["batch"]["processes"] == 2 and info["batch"]["accumulation"] == 2
     l1 = [m["loss"] for m in read_metrics(one)]

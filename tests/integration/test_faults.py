@@ -19,7 +19,11 @@ from anyfit.training.checkpoints.integrity import checkpoint_problem
 
 @pytest.mark.multirun
 def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_blocks_nothing(tiny_llama_dir,
-                                                                                            tmp_path):
+                                                                                            tmp_path, capsys):
+    """The first run a real process (it is paused, then killed); the second ``anyfit train`` through the CLI in this
+    process, refused by the first's lock."""
+    from anyfit.cli import main
+
     cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
     out = tmp_path / "run"
     first = start_train(cfg, out, "train.max_steps=100000")  # long enough to be live whatever the machine's speed
@@ -29,10 +33,10 @@ def test_a_second_run_on_a_live_runs_folder_is_refused_and_a_killed_runs_lock_bl
     # take a core from the second's start-up for nothing)
     first.send_signal(signal.SIGSTOP)
     # overwrite=true would clear the folder: the lock is checked before anything is touched
-    second = start_train(cfg, out, "train.overwrite=true")
-    assert second.wait(timeout=HANG_S) == 2
+    capsys.readouterr()
+    assert main(["train", str(cfg), f"train.output_dir={out}", "train.overwrite=true"]) == 2
     first.send_signal(signal.SIGCONT)
-    lines = second.stderr.read().strip().splitlines()
+    lines = capsys.readouterr().err.strip().splitlines()
     assert lines[-1].startswith(f"anyfit: error: train.output_dir {out} is in use by a run that is still going "
                                 f"(process {first.pid} on ")
     assert not any("Traceback" in line for line in lines)

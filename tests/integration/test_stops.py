@@ -26,6 +26,9 @@ from anyfit.training.loss import token_loss_sum
 
 @pytest.mark.multirun
 def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
+    """The signal to a real process; the resume through the CLI in this process (its exit status)."""
+    from anyfit.cli import main
+
     cfg = resume_config(tmp_path, tiny_llama_dir, lora=False)
     out = tmp_path / "run"
     proc = start_train(cfg, out, "train.save_every=0")
@@ -39,8 +42,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(tiny_llama_dir, tmp_path):
     stopped_at = int(ckpts[0].name.split("-")[1])
     assert 3 <= stopped_at < STEPS and metric_steps(out)[-1] == stopped_at
     # resuming finishes the run (a plain restart into the folder is refused: tests/integration/test_bad_input.py)
-    done = start_train(cfg, out, "train.resume=auto", "train.save_every=0")
-    assert done.wait(timeout=HANG_S) == 0
+    assert main(["train", str(cfg), f"train.output_dir={out}", "train.resume=auto", "train.save_every=0"]) == 0
     assert metric_steps(out) == list(range(1, STEPS + 1))
 
 
