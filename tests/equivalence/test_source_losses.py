@@ -125,3 +125,13 @@ def test_two_processes_give_each_sources_loss_of_one(runs, tiny_llama_dir):
     for a, b in zip(one, two):
         for name in SOURCES:
             assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
+
+
+def test_a_holdout_that_would_empty_a_source_is_one_line(runs, tiny_llama_dir):
+    from anyfit.config import ConfigError
+
+    tmp, data, _ = runs
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", data, "data.template=plain", "eval.holdout=14"])
+    with pytest.raises(ConfigError, match=r"eval.holdout=14 records of each data.mix source would leave none of "
+                                          r".*numbers.jsonl \(14 records\)"):
+        prepare_training_data(cfg, AutoTokenizer.from_pretrained(tiny_llama_dir), echo=lambda *a: None)

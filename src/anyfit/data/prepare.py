@@ -77,7 +77,8 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
     if cfg.eval.generate_before or cfg.eval.generate_every or cfg.eval.generate_at_end:
         gold_from = gold_from or [(cfg.data, held) if held is not None else (eval_data_config(cfg), None)]
         for source, records in gold_from:  # data.mix: source after source, until there are enough
-            data.gen_examples += _with_gold(source, records, cfg.eval.num_generate - len(data.gen_examples))
+            if len(data.gen_examples) < cfg.eval.num_generate:
+                data.gen_examples += _with_gold(source, records, cfg.eval.num_generate - len(data.gen_examples))
         if not data.gen_examples:
             raise ConfigError("eval.generate_* is on but no held-out record has a gold answer: map an answer "
                               "column with data.fields: {answer: ...}, or use solutions ending in \\boxed{...} "
@@ -111,6 +112,10 @@ def _mixture(cfg: Config, tokenizer, echo) -> tuple[MixedExamples, MixedExamples
     sources, names = sources_of(cfg.data), source_names(cfg.data)
     stores = [open_or_build(source, tokenizer, echo) for source, _ in sources]
     held = [held_out_records(cfg, store.records) if cfg.eval.holdout else [] for store in stores]
+    for store, (source, _) in zip(stores, sources):
+        if cfg.eval.holdout >= store.records:
+            raise ConfigError(f"eval.holdout={cfg.eval.holdout} records of each data.mix source would leave none of "
+                              f"{source.path} ({store.records} records) to train on; lower eval.holdout.")
     parts = [_without(store, h) for store, h in zip(stores, held)]
     for part, (source, _) in zip(parts, sources):
         if not len(part):

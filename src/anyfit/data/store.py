@@ -63,10 +63,20 @@ from tqdm.auto import tqdm
 from anyfit import durable, faults
 from anyfit.cache import cache_root, digest_memo
 from anyfit.config import DataConfig
-from anyfit.data import answers, audit, chat, formats, messages, stopping, template_probes, templates, tokenization
+from anyfit.data import (
+    answers,
+    audit,
+    chat,
+    formats,
+    messages,
+    source_names,
+    stopping,
+    template_probes,
+    templates,
+    tokenization,
+)
 from anyfit.data.audit import Findings
 from anyfit.data.chat import use_chat_template
-from anyfit.data import source_names
 from anyfit.data.fingerprint import record_digests
 from anyfit.data.formats import resolve_fields, to_examples
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint

@@ -141,7 +141,7 @@ class StepMeter:
     FLOPs of all processes over the interval's time and their summed peak. ``router``: a mixture of experts' load
     balancing (``anyfit.model.moe.RouterBalance``); every line then carries ``aux_loss``, the mean of the
     micro-batches' aux losses over the interval (before the coefficient), apart from ``loss``. ``sources``: the
-    names of ``data.mix``'s sources; every line then carries ``loss/<name>``, each source's summed token loss over
+    names of the sources the loss is split by (``data.mix``, ``data.source_column``); every line then carries ``loss/<name>``, each source's summed token loss over
     its trained tokens (token-weighted as ``loss`` is: the ``trainable_tokens/<name>``-weighted mean of them is
     ``loss``).
     """
