@@ -16,6 +16,8 @@ from anyfit.config import load_config
 from anyfit.data.prepare import prepare_training_data
 from anyfit.training.loop import train
 
+pytestmark = pytest.mark.multirun
+
 SOURCES = ("words", "numbers")
 COLUMN = ("blue", "red_team")  # data.source_column's values in order of first appearance, fit for metric keys
 RUN = ("train.effective_batch=8", "train.max_steps=4", "train.learning_rate=1e-2", "train.seed=0", "train.log_every=1",
@@ -127,11 +129,11 @@ def test_two_processes_give_each_sources_loss_of_one(runs, tiny_llama_dir):
             assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
 
 
-def test_a_holdout_that_would_empty_a_source_is_one_line(runs, tiny_llama_dir):
+def test_a_holdout_that_would_empty_a_source_is_one_line(tiny_llama_dir, tmp_path):
     from anyfit.config import ConfigError
 
-    tmp, data, _ = runs
-    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", data, "data.template=plain", "eval.holdout=14"])
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", mix(tmp_path), "data.template=plain",
+                             f"data.cache_dir={tmp_path / 'stores'}", "eval.holdout=14"])
     with pytest.raises(ConfigError, match=r"eval.holdout=14 records of each data.mix source would leave none of "
                                           r".*numbers.jsonl \(14 records\)"):
         prepare_training_data(cfg, AutoTokenizer.from_pretrained(tiny_llama_dir), echo=lambda *a: None)
