@@ -7,9 +7,8 @@ more weight than examples repeats them (whole passes, then a seeded sample of th
 subsampled. With equal weights and equal sizes every example is used once.
 
 Every example knows its source (``source`` in the example, an index into ``names``, of ``sources``): the loss is
-summed per source
-as well (``training.loss``) and logged as ``loss/<name>`` and ``val_loss/<name>``. A source's name is its entry's
-``name``, else its file or data set name.
+summed per source as well (``training.loss``) and logged as ``loss/<name>`` and ``val_loss/<name>``. A source's
+name is its entry's ``name``, else its file or data set name.
 """
 
 from __future__ import annotations
@@ -41,13 +40,6 @@ def source_names(cfg: DataConfig) -> list[str]:
     that two entries would share gets the entry's index (``math-2``)."""
     return metric_names([str(entry.get("name") or _stem(str(entry["path"]))) for entry in cfg.mix],
                         [bool(entry.get("name")) for entry in cfg.mix])
-
-
-def loss_sources(examples) -> list[str]:
-    """The sources whose losses are reported one by one: a mixture's names, or those of a store's source column,
-    when there is more than one."""
-    names = getattr(examples, "names", [])
-    return names if len(names) > 1 else []
 
 
 def _stem(path: str) -> str:

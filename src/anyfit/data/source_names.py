@@ -25,6 +25,13 @@ def metric_names(names: list[str], given: list[bool] | None = None) -> list[str]
     return [f"{n}-{i}" if clean.count(n) > 1 and not kept(i) else n for i, n in enumerate(clean)]
 
 
+def loss_sources(examples) -> list[str]:
+    """The sources whose losses are reported one by one: a mixture's names (``mixture.MixedExamples``), or those of
+    a store's source column (``store.Examples``), when there is more than one."""
+    names = getattr(examples, "names", [])
+    return names if len(names) > 1 else []
+
+
 class SourceTable:
     """``data.source_column``'s values, numbered in order of first appearance while a token store is built."""
 

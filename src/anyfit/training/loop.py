@@ -32,8 +32,8 @@ from anyfit.data.batching import (
     WindowSampler,
     collate,
 )
-from anyfit.data.mixture import loss_sources
 from anyfit.data.prepare import TrainingData, data_fingerprint, prepare_training_data
+from anyfit.data.source_names import loss_sources
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.loading import load_tokenizer
 from anyfit.model.moe import adapter_in_experts, router_balance_of
@@ -278,9 +278,10 @@ def run_steps(run: Run, say=print) -> TrainResult:
             real = counts * sum(len(run.data.examples[i]["input_ids"]) for idx in window.indices for i in idx)
             flops = (run.flops.of_window(sampler.lengths, sampler.trainable, window.indices)
                      if run.flops and counts else 0.0)
-            by_source = sources and (window.by_source, run.data.examples.trained_by_source(sampler.examples_of(step)))
+            by_source = ((window.by_source, run.data.examples.trained_by_source(sampler.examples_of(step)))
+                         if sources else None)  # data.mix, data.source_column: each source's sum and tokens
             meter.add(window.loss_sum, finite, window.trainable_tokens, real_tokens=real, flops=flops,
-                      by_source=by_source or None)
+                      by_source=by_source)
             bar.update(1)
             log_now = done % cfg.train.log_every == 0 or done == run.steps
             if log_now:

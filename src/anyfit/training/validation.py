@@ -18,7 +18,7 @@ from anyfit.backends import Backend, unwrapped
 from anyfit.backends.sequence import SequenceSplit
 from anyfit.config import Config
 from anyfit.data.batching import to_device
-from anyfit.data.mixture import loss_sources
+from anyfit.data.source_names import loss_sources
 from anyfit.data.prepare import TrainingData
 from anyfit.evaluation.evaluate import generation_eval
 from anyfit.runfolder import write_generations
