@@ -75,6 +75,10 @@ def run() -> None:
     paid by each process of a launch); frozen, they are left to the exit. Everything anyfit writes is closed
     before ``main`` returns."""
     code = main()
+    if "torch.distributed" in sys.modules:  # a run under a launcher: its process group ends after its model
+        from anyfit.hardware.runtime import end_process_group
+
+        end_process_group()
     gc.freeze()
     sys.exit(code)
 

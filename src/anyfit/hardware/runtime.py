@@ -337,6 +337,20 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, tracker
     return accelerator
 
 
+def end_process_group() -> None:
+    """Destroy the process group a run started, once the run's objects (the wrapped model) are gone.
+
+    Not earlier: DDP's reducer holds the group from C++, and when the reducer is the group's last holder it destroys
+    the group with the GIL held. gloo's destructor then waits for its worker threads, and one of them may still be
+    freeing the run's last collective, which needs the GIL to release that collective's tensors: a hang at exit,
+    seen once in a two-process run (rank 0 stuck in ``~ProcessGroupGloo`` under ``~Reducer``, 2026-11-27). Destroyed
+    here from Python, the group's binding lets go of the GIL first (torch's no-GIL destructor for process groups)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def deepspeed_launch_refusal(environ=os.environ) -> str:
     """Why a launch through a DeepSpeed ``accelerate config`` is refused ('' for any other launch).
 

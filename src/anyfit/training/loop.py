@@ -53,6 +53,7 @@ from anyfit.training.metrics import (
     MetricsLog,
     StepMeter,
     finish_failed_trackers,
+    finish_trackers,
     requested_trackers,
     start_trackers,
 )
@@ -125,7 +126,8 @@ def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
 def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None,
           save_final: bool = True) -> TrainResult:
     """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests;
-    ``save_final=False`` skips writing the final model (a profiling run)."""
+    ``save_final=False`` skips writing the final model (a profiling run). Under a launcher the process group
+    outlives the call: ``anyfit.hardware.runtime.end_process_group()`` ends it (the CLI does, after the run)."""
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
     trackers = requested_trackers(cfg.train.report_to)
     accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"))
@@ -338,6 +340,6 @@ def run_steps(run: Run, say=print) -> TrainResult:
     # every process ends together: one that tears its process group down while the main one still writes the
     # profile's report was once aborted by gloo at exit (terminate called without an active exception)
     acc.wait_for_everyone()
-    acc.end_training()  # closes the trackers
+    finish_trackers(acc)  # the process group stays: the caller destroys it after the model (end_process_group)
     result.model, result.tokenizer = run.bare, run.state.tokenizer
     return result

@@ -63,6 +63,13 @@ def start_trackers(accelerator, trackers: list[str], run_name: str, config: dict
         accelerator.init_trackers(run_name, config=flat)
 
 
+def finish_trackers(accelerator) -> None:
+    """Close the trackers of a run that completed. (Accelerate's ``end_training`` would also destroy the process
+    group, which must outlive the wrapped model: ``anyfit.hardware.runtime.end_process_group``.)"""
+    for tracker in accelerator.trackers:
+        tracker.finish()
+
+
 def finish_failed_trackers(accelerator, error: BaseException) -> None:
     """Close the trackers of a run that ended in ``error`` (marked failed where the tracker keeps a status, killed
     for Ctrl-C). Left open, they would swallow the next run in this Python process (a notebook): wandb hands the
