@@ -76,7 +76,7 @@ def run() -> None:
     before ``main`` returns."""
     code = main()
     if "torch.distributed" in sys.modules:  # a run under a launcher: its process group ends after its model
-        from anyfit.hardware.runtime import end_process_group
+        from anyfit.hardware.runtime import end_process_group  # start-up time: torch is already loaded here
 
         end_process_group()
     gc.freeze()

@@ -345,10 +345,8 @@ def end_process_group() -> None:
     freeing the run's last collective, which needs the GIL to release that collective's tensors: a hang at exit,
     seen once in a two-process run (rank 0 stuck in ``~ProcessGroupGloo`` under ``~Reducer``, 2026-11-27). Destroyed
     here from Python, the group's binding lets go of the GIL first (torch's no-GIL destructor for process groups)."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def deepspeed_launch_refusal(environ=os.environ) -> str:
