@@ -53,13 +53,19 @@ def launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True,
 
 def run_here(cfg: Path, out: Path, *overrides: str) -> str:
     """The one-process run ``launch(cfg, out, 1, ...)`` makes, in this process: the same config and code path as
-    ``anyfit train`` (the xdist worker runs torch on one thread, as a launched process does), without a new
-    interpreter's imports (about 12 s of CPU per launch on the 2-core VM); its printed lines as the log."""
+    ``anyfit train`` (on one torch thread, as a launched process), without a new interpreter's imports (about 12 s of CPU per launch on the 2-core VM); its printed lines as the log."""
+    import torch
+
     from anyfit.config import load_config
     from anyfit.training.loop import train
 
     lines: list[str] = []
-    train(load_config(cfg, [f"train.output_dir={out}", *overrides]), echo=lines.append)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a launched process has it (ENV: OMP_NUM_THREADS=1), also under -n 0: bit for bit
+    try:
+        train(load_config(cfg, [f"train.output_dir={out}", *overrides]), echo=lines.append)
+    finally:
+        torch.set_num_threads(threads)
     return "\n".join(lines)
 
 
