@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -83,6 +84,42 @@ def write_dataset(path: Path, n: int = 16) -> Path:
             completion = " ".join(words[(i + j) % 8] for j in range(k)) + f" #{i}"
             f.write(json.dumps({"prompt": prompt, "completion": completion, "answer": str(i)}) + "\n")
     return path
+
+
+SOURCES = ("words", "numbers")  # the sources of write_mix's mixture
+
+
+def write_mix(tmp: Path) -> str:
+    """Two data sets of two shapes (prompt/completion, and plain text with every token trained) as a ``data.mix``
+    override, one source named in the config and one by its file."""
+    words = write_dataset(tmp / "words.jsonl", n=20)
+    numbers = tmp / "numbers.jsonl"
+    numbers.write_text("".join(json.dumps({"text": " ".join(str(i * j % 97) for j in range(2 + i % 7))}) + "\n"
+                               for i in range(14)))
+    return f"data.mix=[{{path: {words}, weight: 2, name: words}}, {{path: {numbers}, weight: 1}}]"
+
+
+def metrics_by_step(out: Path) -> dict[int, dict]:
+    return {m["step"]: m for m in read_metrics(out) if "loss" in m}
+
+
+def assert_same_sources(a: Path, b: Path, steps: int, rel: float) -> None:
+    """Two runs of write_mix's mixture logged the same per-source training and validation losses (within ``rel``)
+    and trained the same tokens of each source at every step."""
+    ma, mb = metrics_by_step(a), metrics_by_step(b)
+    assert sorted(ma) == sorted(mb) == list(range(1, steps + 1))
+    for step in ma:
+        for name in SOURCES:
+            assert ma[step][f"trainable_tokens/{name}"] == mb[step][f"trainable_tokens/{name}"]
+            assert (f"loss/{name}" in ma[step]) == (f"loss/{name}" in mb[step])
+            if f"loss/{name}" in ma[step]:
+                assert ma[step][f"loss/{name}"] == pytest.approx(mb[step][f"loss/{name}"], rel=rel), (step, name)
+    evals = [[m for m in read_metrics(out) if "val_loss" in m] for out in (a, b)]
+    assert len(evals[0]) == len(evals[1]) > 0
+    for ea, eb in zip(*evals):
+        assert ea["step"] == eb["step"]
+        for name in SOURCES:
+            assert ea[f"val_loss/{name}"] == pytest.approx(eb[f"val_loss/{name}"], rel=rel), (ea["step"], name)
 
 
 def config_for(model_dir, data, out, *extra):

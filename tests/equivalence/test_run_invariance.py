@@ -13,10 +13,11 @@ import torch
 from launches import run_here
 from safetensors.torch import load_file
 from tiny_runs import (
+    assert_same_sources,
     read_metrics,
     same_losses,
     train_variants,
-    write_dataset,
+    write_mix,
 )
 from transformers import AutoModelForCausalLM
 
@@ -24,34 +25,37 @@ from transformers import AutoModelForCausalLM
 @pytest.mark.multiprocess
 @pytest.mark.multirun
 def test_two_processes_match_one(tiny_llama_dir, tmp_path):
-    """torchrun --nproc_per_node 2 (gloo on CPU) gives the same per-step loss and final weights as 1 process."""
-    data = write_dataset(tmp_path / "d.jsonl", n=24)
+    """torchrun --nproc_per_node 2 (gloo on CPU) gives the same per-step loss, the same loss, validation loss and
+    trained tokens of each data source (a data.mix: their sums are reduced with the loss's) and the same final
+    weights as 1 process."""
     cfg_path = tmp_path / "c.yaml"
-    cfg_path.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\n"
-                        f"data: {{path: {data}, template: plain}}\n"
-                        "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, log_every: 1}\n")
+    cfg_path.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\ndata: {{template: plain}}\n"
+                        "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, log_every: 1}\n"
+                        "eval: {holdout: 3, every: 3}\n")
+    data = write_mix(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("DS_ACCELERATOR", None)  # as a user's shell has it (an in-process run of this worker may have set it)
     one, two = tmp_path / "one", tmp_path / "two"
-    run_here(cfg_path, one)  # the one-process run in this process: the same config and train()
+    run_here(cfg_path, one, data)  # the one-process run in this process: the same config and train()
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "anyfit",
-                          "train", str(cfg_path), f"train.output_dir={two}"], env=env, capture_output=True, text=True)
+                          "train", str(cfg_path), f"train.output_dir={two}", data], env=env, capture_output=True,
+                         text=True)
     assert run.returncode == 0, run.stderr[-3000:]
     # Accelerate's unwrap_model imports DeepSpeed wherever it is installed (the main process saves the model through
     # it): DeepSpeed must not speak in a run not using it
     assert "[WARNING]" not in run.stderr, run.stderr[-2000:]
     info = json.loads((two / "run_info.json").read_text())
     assert info["batch"]["processes"] == 2 and info["batch"]["accumulation"] == 2
-    l1 = [m["loss"] for m in read_metrics(one)]
-    l2 = [m["loss"] for m in read_metrics(two)]
+    l1 = [m["loss"] for m in read_metrics(one) if "loss" in m]
+    l2 = [m["loss"] for m in read_metrics(two) if "loss" in m]
     assert len(l1) == len(l2) == 6
     assert l1 == pytest.approx(l2, rel=1e-5)
+    assert_same_sources(one, two, steps=6, rel=1e-5)
     w1, w2 = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     assert w1.keys() == w2.keys()
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-4, atol=1e-6)
     assert not any(w1[k].equal(load_file(Path(tiny_llama_dir) / "model.safetensors")[k]) for k in w1 if "norm" not in k)
-
 
 
 @pytest.mark.multirun

@@ -1,6 +1,7 @@
 """Loss per data source (data.mix): each source's training and validation loss, token-weighted as the main loss,
-the same whatever the split into micro-batches and processes, and the validation loss of each source equal to
-transformers' own loss on that source's held-out examples."""
+the same whatever the split into micro-batches, and the validation loss of each source equal to transformers' own
+loss on that source's held-out examples. (The same whatever the split into processes: test_run_invariance's
+two-process run trains this mixture.)"""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import json
 
 import pytest
 import torch
-from launches import launch
-from tiny_runs import read_metrics, write_dataset
+from tiny_runs import SOURCES, assert_same_sources, metrics_by_step, read_metrics, write_dataset, write_mix
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from anyfit.config import load_config
@@ -18,18 +18,9 @@ from anyfit.training.loop import train
 
 pytestmark = pytest.mark.multirun
 
-SOURCES = ("words", "numbers")
 COLUMN = ("blue", "red_team")  # data.source_column's values in order of first appearance, fit for metric keys
 RUN = ("train.effective_batch=8", "train.max_steps=4", "train.learning_rate=1e-2", "train.seed=0", "train.log_every=1",
        "eval.holdout=3", "eval.every=2")
-
-
-def mix(tmp) -> str:
-    words = write_dataset(tmp / "words.jsonl", n=20)
-    numbers = tmp / "numbers.jsonl"  # another shape: plain text, every token trained
-    numbers.write_text("".join(json.dumps({"text": " ".join(str(i * j % 97) for j in range(2 + i % 7))}) + "\n"
-                               for i in range(14)))
-    return f"data.mix=[{{path: {words}, weight: 2, name: words}}, {{path: {numbers}, weight: 1}}]"
 
 
 def with_column(tmp) -> tuple[str, ...]:
@@ -46,7 +37,7 @@ def runs(tiny_llama_dir, tmp_path_factory):
     """The same mixture: one process with micro-batch 8, one with packed micro-batches of 2 (accumulation 4); and
     one data set split by its source column."""
     tmp = tmp_path_factory.mktemp("sources")
-    data = mix(tmp)
+    data = write_mix(tmp)
     configs = {name: load_config(None, [f"model.name_or_path={tiny_llama_dir}", "data.template=plain",
                                         f"train.output_dir={tmp / name}", *RUN, *extra])
                for name, extra in {"whole": (data, "train.micro_batch=8"),
@@ -54,27 +45,13 @@ def runs(tiny_llama_dir, tmp_path_factory):
                                    "column": (*with_column(tmp), "train.micro_batch=4")}.items()}
     for cfg in configs.values():
         train(cfg, echo=lambda *a: None)
-    return tmp, data, configs
-
-
-def per_step(out) -> dict[int, dict]:
-    return {m["step"]: m for m in read_metrics(out) if "loss" in m}
-
-
-def assert_same_sources(a: dict[int, dict], b: dict[int, dict]) -> None:
-    assert sorted(a) == sorted(b) == [1, 2, 3, 4]
-    for step in a:
-        for name in SOURCES:
-            assert a[step][f"trainable_tokens/{name}"] == b[step][f"trainable_tokens/{name}"]
-            assert (f"loss/{name}" in a[step]) == (f"loss/{name}" in b[step])
-            if f"loss/{name}" in a[step]:
-                assert a[step][f"loss/{name}"] == pytest.approx(b[step][f"loss/{name}"], rel=1e-4), (step, name)
+    return tmp, configs
 
 
 @pytest.mark.parametrize("run, names", [("whole", SOURCES), ("column", COLUMN)])
 def test_the_sources_losses_are_the_loss_token_weighted(runs, run, names):
-    tmp, _, _ = runs
-    steps = per_step(tmp / run)
+    tmp, _ = runs
+    steps = metrics_by_step(tmp / run)
     assert sum(f"loss/{n}" in m for m in steps.values() for n in names) >= 6  # both sources, most steps
     for m in steps.values():
         tokens = {n: m[f"trainable_tokens/{n}"] for n in names}
@@ -86,18 +63,15 @@ def test_the_sources_losses_are_the_loss_token_weighted(runs, run, names):
 
 
 def test_the_split_into_micro_batches_changes_no_sources_loss(runs):
-    tmp, _, _ = runs
-    assert_same_sources(per_step(tmp / "whole"), per_step(tmp / "packed"))
-    for a, b in zip(*([m for m in read_metrics(tmp / r) if "val_loss" in m] for r in ("whole", "packed"))):
-        for name in SOURCES:
-            assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
+    tmp, _ = runs
+    assert_same_sources(tmp / "whole", tmp / "packed", steps=4, rel=1e-4)
 
 
 @pytest.mark.parametrize("run, names", [("whole", SOURCES), ("column", COLUMN)])
 def test_each_sources_validation_loss_is_transformers_own(runs, tiny_llama_dir, run, names):
     """The final model's loss on each source's held-out examples, one example at a time with transformers'
     ``labels`` (its own shift and mean), weighted by each example's trained tokens."""
-    tmp, _, configs = runs
+    tmp, configs = runs
     data = prepare_training_data(configs[run], AutoTokenizer.from_pretrained(tiny_llama_dir), echo=lambda *a: None)
     model = AutoModelForCausalLM.from_pretrained(tmp / run, dtype=torch.float32).eval()
     sums, counts = [0.0, 0.0], [0, 0]
@@ -115,24 +89,10 @@ def test_each_sources_validation_loss_is_transformers_own(runs, tiny_llama_dir, 
     assert "Loss per data source" in report and f"val_loss/{names[1]}" in report
 
 
-@pytest.mark.multiprocess
-def test_two_processes_give_each_sources_loss_of_one(runs, tiny_llama_dir):
-    """torchrun --nproc_per_node 2 (gloo), micro-batch 2: the per-source sums are reduced with the loss's."""
-    tmp, data, _ = runs
-    config = tmp / "two.yaml"
-    config.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\ndata: {{template: plain}}\n")
-    launch(config, tmp / "two", 2, data, *RUN, "train.micro_batch=2")
-    assert_same_sources(per_step(tmp / "whole"), per_step(tmp / "two"))
-    one, two = ([m for m in read_metrics(tmp / r) if "val_loss" in m] for r in ("whole", "two"))
-    for a, b in zip(one, two):
-        for name in SOURCES:
-            assert a[f"val_loss/{name}"] == pytest.approx(b[f"val_loss/{name}"], rel=1e-4)
-
-
 def test_a_holdout_that_would_empty_a_source_is_one_line(tiny_llama_dir, tmp_path):
     from anyfit.config import ConfigError
 
-    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", mix(tmp_path), "data.template=plain",
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", write_mix(tmp_path), "data.template=plain",
                              f"data.cache_dir={tmp_path / 'stores'}", "eval.holdout=14"])
     with pytest.raises(ConfigError, match=r"eval.holdout=14 records of each data.mix source would leave none of "
                                           r".*numbers.jsonl \(14 records\)"):
