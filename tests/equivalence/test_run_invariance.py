@@ -26,12 +26,17 @@ from transformers import AutoModelForCausalLM
 @pytest.mark.multirun
 def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     """torchrun --nproc_per_node 2 (gloo on CPU) gives the same per-step loss, the same loss, validation loss and
-    trained tokens of each data source (a data.mix: their sums are reduced with the loss's) and the same final
-    weights as 1 process."""
+    trained tokens of each data source (a data.mix: their sums are reduced with the loss's), the same base_kl (full
+    fine-tuning: each process looks up its own texts' rows of the base's top-k) and the same final weights as 1
+    process."""
+    texts = tmp_path / "base.jsonl"
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("Seven blue birds sat on a wire.",
+                                                                        "Numbers: 3, 14, 15, 92, 65.", "A short line.")))
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\ndata: {{template: plain}}\n"
-                        "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, log_every: 1}\n"
-                        "eval: {holdout: 3, every: 3}\n")
+                        "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, "
+                        "log_every: 1, watch_base: true}\n"
+                        f"eval: {{holdout: 3, every: 3, base_text: {texts}, base_top_k: 8}}\n")
     data = write_mix(tmp_path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     env.pop("DS_ACCELERATOR", None)  # as a user's shell has it (an in-process run of this worker may have set it)
@@ -51,6 +56,9 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     assert len(l1) == len(l2) == 6
     assert l1 == pytest.approx(l2, rel=1e-5)
     assert_same_sources(one, two, steps=6, rel=1e-5)
+    kl1, kl2 = ({m["step"]: m["base_kl"] for m in read_metrics(out) if "base_kl" in m} for out in (one, two))
+    assert sorted(kl1) == sorted(kl2) == [3, 6] and kl2[6] > 0
+    assert [kl2[s] for s in (3, 6)] == pytest.approx([kl1[s] for s in (3, 6)], rel=1e-4)
     w1, w2 = load_file(one / "model.safetensors"), load_file(two / "model.safetensors")
     assert w1.keys() == w2.keys()
     for k in w1:
