@@ -1,7 +1,7 @@
 """Sequence parallelism (``runtime.sequence_parallel``, DeepSpeed's Ulysses) with real processes over gloo: each
 sequence cut in two, one part per process, and the run is the one-process run's: the same losses per step, the
-same weights, the same validation loss, padded or packed, replicated or sharded, with the tiled MLP, with
-accumulation (effective batch 8 in micro-batches of 2); and its checkpoint continues unsplit.
+same weights, the same validation loss, padded or packed, replicated or sharded, full or LoRA, with the tiled MLP,
+with accumulation (effective batch 8 in micro-batches of 2); and its checkpoint continues unsplit.
 
 Tolerance, as for sharding (test_sharded.py): the split changes only the order of fp32 sums (each part's loss,
 the all-reduce of partial gradients, attention over the whole sequence for half of the heads), about 1e-7
@@ -44,17 +44,44 @@ def test_split_sequences_train_as_one_process_does(split_run, unsharded):
     assert [m["real_tokens"] for m in ours if "loss" in m] == [m["real_tokens"] for m in theirs if "loss" in m]
 
 
-def test_split_lora_trains_as_one_process_does(tiny_llama_dir, tmp_path):
-    """LoRA adapters (their gradients the all-reduced sum of each part's) over split sequences, four steps."""
-    lora = ("lora: {enabled: true, dropout: 0.0}",)
+def test_sharded_lora_over_split_sequences_trains_as_one_process_does_and_leaves_an_adapter_peft_loads(
+        tiny_llama_dir, tmp_path):
+    """LoRA adapters over split sequences (their gradients the reduced sum of each part's), FSDP2-sharded over the
+    same two processes, with a validation loss on the way (its no-grad forwards must not leave gathered weights
+    behind), four steps: the one-process run's losses and adapter; each process holds half, and process 1 built
+    base and adapters on the meta device and received both; the adapter loads with PEFT, and its checkpoint
+    continues replicated and exports as an adapter without the two processes that wrote it. (The sharded LoRA run
+    of test_sharded.py, on this module's launch.)"""
+    lora = ("lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}")
     one, split = tmp_path / "one", tmp_path / "split"
     run_here(run_config(tmp_path, tiny_llama_dir, *lora), one, "train.max_steps=4")
-    launch(run_config(tmp_path, tiny_llama_dir, *lora), split, 2, SPLIT, "runtime.sharding=none", "train.max_steps=4")
+    launch(run_config(tmp_path, tiny_llama_dir, *lora), split, 2, SPLIT, "runtime.sharding=fsdp", "train.max_steps=4")
     assert losses(split) == pytest.approx(losses(one), rel=2e-4)
+    vals = [[m["val_loss"] for m in read_metrics(o) if "val_loss" in m] for o in (one, split)]
+    assert len(vals[1]) == 2 and vals[1] == pytest.approx(vals[0], rel=2e-4)
     a, b = load_file(one / "adapter_model.safetensors"), load_file(split / "adapter_model.safetensors")
     assert a.keys() == b.keys() and a
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-3, atol=2e-5)
+    assert any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in b.items())
+    info = json.loads((split / "run_info.json").read_text())
+    total = info["parameters"]["total"]
+    assert all(abs(params - total / 2) <= 0.02 * total for params in info["held_per_process"]["parameters"])
+    assert info["held_per_process"]["loaded_parameters"] == [total, 0]
+    from peft import AutoPeftModelForCausalLM
+
+    assert AutoPeftModelForCausalLM.from_pretrained(split) is not None
+    # its checkpoint continues replicated and unsplit, on one process (in this one): the adapter and its optimizer
+    # state carried over, whole tensors filled from both processes' shards
+    again = tmp_path / "again"
+    again.mkdir()
+    shutil.copytree(split / "checkpoint-2", again / "checkpoint-2")
+    run_here(run_config(tmp_path, tiny_llama_dir, *lora), again, "runtime.sharding=none", "train.max_steps=4",
+             "train.resume=auto")
+    assert losses(again) == pytest.approx(losses(split)[2:], rel=2e-4)
+    from anyfit.export.folder import export
+
+    assert export(split / "checkpoint-2", tmp_path / "exported", echo=lambda *a: None).merged_adapter
 
 
 def test_a_split_checkpoint_continues_unsplit(split_run, unsharded, tiny_llama_dir):

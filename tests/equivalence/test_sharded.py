@@ -1,6 +1,7 @@
 """Sharded training (FSDP2 ``fully_shard``) with real processes over gloo: each process holds 1/N, the run
 matches the unsharded one, resumes bit-identically after SIGKILL, moves between process counts, and leaves
-ordinary Hugging Face outputs. Multi-node launch is exercised as two torchrun "nodes" on loopback."""
+ordinary Hugging Face outputs. Multi-node launch is exercised as two torchrun "nodes" on loopback. (Sharded LoRA:
+test_sequence_parallel.py, whose LoRA run is sharded too.)"""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import torch
 from launches import STEPS, complete_run, free_port, launch, losses, run_config, run_here
 from safetensors.torch import load_file
-from tiny_runs import ENV, HANG_S, final_weights, metric_steps, read_metrics, wait_for
+from tiny_runs import ENV, HANG_S, final_weights, metric_steps, wait_for
 
 from anyfit.training.checkpoints.integrity import checkpoint_problem
 
@@ -50,37 +51,6 @@ def test_sharded_run_holds_one_nth_and_matches_the_unsharded_run(procs, unsharde
     from transformers import AutoModelForCausalLM
 
     AutoModelForCausalLM.from_pretrained(out)  # an ordinary Hugging Face folder
-
-
-def test_sharded_lora_leaves_an_adapter_peft_loads(tiny_llama_dir, tmp_path):
-    out = tmp_path / "out"
-    # with a validation loss on the way: its no-grad forwards must not leave gathered weights behind
-    lora = ("lora: {enabled: true, dropout: 0.0}", "eval: {holdout: 4, every: 2}")
-    launch(run_config(tmp_path, tiny_llama_dir, *lora), out, 2, "runtime.sharding=fsdp", "train.max_steps=4")
-    info = json.loads((out / "run_info.json").read_text())
-    for params in info["held_per_process"]["parameters"]:
-        assert abs(params - info["parameters"]["total"] / 2) <= 0.02 * info["parameters"]["total"]
-    # LoRA on an empty base: process 1 built base and adapters on the meta device, and received both
-    assert info["held_per_process"]["loaded_parameters"] == [info["parameters"]["total"], 0]
-    assert sum("val_loss" in m for m in read_metrics(out)) == 2
-    from peft import AutoPeftModelForCausalLM
-
-    model = AutoPeftModelForCausalLM.from_pretrained(out)
-    trained = load_file(out / "adapter_model.safetensors")
-    assert trained and any(k.endswith("lora_B.weight") and v.abs().sum() > 0 for k, v in trained.items())
-    assert model is not None
-    # its checkpoint continues replicated, on one process (in this one): the adapter and its optimizer state carried
-    # over, whole tensors filled from both processes' shards (a replicated process reads them all, however many)
-    again = tmp_path / "again"
-    again.mkdir()
-    shutil.copytree(out / "checkpoint-2", again / "checkpoint-2")
-    run_here(run_config(tmp_path, tiny_llama_dir, *lora), again, "runtime.sharding=none", "train.max_steps=4",
-             "train.resume=auto")
-    assert losses(again) == pytest.approx([m["loss"] for m in read_metrics(out) if "loss" in m][2:], rel=2e-4)
-    # and exports as an adapter without the two processes that wrote it
-    from anyfit.export.folder import export
-
-    assert export(out / "checkpoint-2", tmp_path / "exported", echo=lambda *a: None).merged_adapter
 
 
 def test_a_worker_killed_under_torchrun_restarts_the_job_and_it_ends_bit_identical(two_processes, tiny_llama_dir,
