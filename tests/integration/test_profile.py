@@ -112,13 +112,15 @@ def test_each_cpu_rule_fires_on_its_bad_config(full_vocab_llama_dir, deep_llama_
 
 
 def _check_the_probe(profile: dict, out: Path, printed: str) -> None:
-    """The profiled and the advised config each trained --probe-steps steps, untraced, in runs of their own."""
+    """The profiled and the advised config each trained --probe-steps steps, untraced, in runs of their own, which
+    write no model (train.save_final=false: a 7B model's probes would have written it twice)."""
     probe = profile["probe"]
     assert probe["settings"] == [a["setting"] for a in profile["advice"] if a["factor"]] and probe["settings"]
     assert probe["steps"] == 3
     for name in ("profiled", "advised"):
         assert len(read_metrics(out / "profile" / f"probe-{name}")) == 3
         assert not (out / "profile" / f"probe-{name}" / "profile").exists()
+        assert not (out / "profile" / f"probe-{name}" / "model.safetensors").exists()  # its steps count, not its model
     assert probe["factor"] == pytest.approx(probe["advised_tokens_per_s"] / probe["profiled_tokens_per_s"])
     advised = yaml.safe_load((out / "profile" / "probe-advised" / "config.yaml").read_text())
     assert advised["train"]["micro_batch"] != 1  # the advice was applied to the probe

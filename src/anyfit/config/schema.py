@@ -191,6 +191,9 @@ class TrainConfig:
         "accuracy (generation accuracy), base_kl, or min:KEY / max:KEY for any metric of the evaluation lines. A "
         "better value writes a checkpoint at that step; best.json in the run folder names it, and anyfit export "
         "exports it by default (--last: the final model).")
+    save_final: bool = _f(
+        True, "Write the final model (or adapter) into output_dir at the end. false: a run whose steps are what counts "
+        "(a benchmark; anyfit profile sets it for its run and its probes); the checkpoints still follow save_every.")
     log_every: int = _f(10, "Write a metrics line every N steps (each costs one device-to-host sync).")
     report_to: list[str] | str = _f(
         "none", "Also send every metrics line to experiment trackers, through Accelerate's: none, or one or a list of "

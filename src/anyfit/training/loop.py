@@ -108,7 +108,6 @@ class Run:
     loaded: int = 0  # parameter elements this process read from the weights (none on the meta device)
     flops: ModelFlops | None = None  # model FLOPs of a window (for MFU; anyfit.profiling.flops)
     peak: DevicePeak | None = None  # one device's dense peak, what MFU is measured against
-    save_final: bool = True  # False: `anyfit profile` (the steps are the product, not the model)
     split: SequenceSplit = SequenceSplit()  # runtime.sequence_parallel: this process's part of each sequence
 
 
@@ -123,11 +122,10 @@ def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
     return max(1, math.ceil(cfg.train.epochs * sampler.steps_per_epoch))
 
 
-def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None,
-          save_final: bool = True) -> TrainResult:
-    """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests;
-    ``save_final=False`` skips writing the final model (a profiling run). Under a launcher the process group
-    outlives the call: ``anyfit.hardware.runtime.end_process_group()`` ends it (the CLI does, after the run)."""
+def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None) -> TrainResult:
+    """Train as ``cfg`` says; ``loss_fn(model, batch)`` (summed token loss) replaces the default for tests. Under a
+    launcher the process group outlives the call: ``anyfit.hardware.runtime.end_process_group()`` ends it (the CLI
+    does, after the run)."""
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
     trackers = requested_trackers(cfg.train.report_to)
     accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"))
@@ -135,7 +133,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     # folder stops at once instead of writing its checkpoints between this one's
     with RunLock(Path(cfg.train.output_dir), enabled=accelerator.is_main_process):
         say = echo if accelerator.is_main_process else (lambda *a, **k: None)
-        run = set_up(cfg, policy, accelerator, say, loss_fn, save_final)
+        run = set_up(cfg, policy, accelerator, say, loss_fn)
         try:
             start_trackers(accelerator, trackers, run.out.resolve().name, cfg.to_dict())
             return run_steps(run, say)  # closes the trackers at its end
@@ -144,7 +142,7 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
             raise
 
 
-def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_final: bool) -> Run:
+def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run:
     """Every part of the run, each from the module that owns it (see the module docstring), restored from the
     checkpoint it continues; the run folder started."""
     from accelerate.utils import set_seed
@@ -210,7 +208,7 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn, save_f
               state=TrainState(model=model, optimizer=optimizer, scheduler=scheduler, tokenizer=tokenizer, data=drawn),
               bare=loaded.model, data=data, stream=stream,
               evaluator=InTrainingEval(cfg, data, tokenizer, collate_fn, loss_fn, split, base.watch), loss_fn=base.loss,
-              out=out, steps=steps, loaded=loaded.read, flops=flops, peak=peak, save_final=save_final, split=split)
+              out=out, steps=steps, loaded=loaded.read, flops=flops, peak=peak, split=split)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:
         saved = load_checkpoint(backend, accelerator, resume_from, run.state)
@@ -316,7 +314,7 @@ def run_steps(run: Run, say=print) -> TrainResult:
         path = checkpoints.save(done, last=True)
         say(f"[anyfit] {result.interrupted} received: saved {path} after step {done}. "
             f"Continue with: anyfit train <config> train.output_dir={run.out} train.resume=auto")
-    elif run.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
+    elif cfg.train.save_final:  # the final model: loadable by transformers (or PEFT for an adapter)
         stops = save_final_model(run.backend, acc, model, run.state.tokenizer, run.out, cfg.model)
         acc.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if cfg.lora.enabled else 'model'} to {run.out}")
