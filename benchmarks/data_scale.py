@@ -492,7 +492,7 @@ def _self_memory() -> dict[str, float]:
 def child_map(spec: dict[str, Any]) -> dict[str, Any]:
     from anyfit.config import load_config
     from anyfit.data.prepare import prepare_training_data
-    from anyfit.model.loading import load_tokenizer
+    from anyfit.model.tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
     cfg = load_config(spec["config"], [f"data.cache_dir={spec['cache_dir']}"])

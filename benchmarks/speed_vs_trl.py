@@ -140,7 +140,7 @@ def smollm2_rows(n: int, seed: int) -> tuple[Path, list[dict[str, list[int]]], i
     """The quickstart model folder and ``n`` synthetic records tokenized by anyfit (quickstart data settings)."""
     from anyfit.config import load_config
     from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
-    from anyfit.model.loading import load_tokenizer
+    from anyfit.model.tokenizer import load_tokenizer
     from anyfit.quickstart import RECIPE
     from anyfit.data.synthetic import train_set
     from anyfit.data.tokenization import IGNORE_INDEX, tokenize_dataset

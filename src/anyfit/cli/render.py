@@ -17,7 +17,7 @@ def cmd_render(args) -> int:
     from anyfit.data.sources import iter_records
     from anyfit.data.store import open_or_build
     from anyfit.data.tokenization import show_example, tokenize_example
-    from anyfit.model.loading import load_tokenizer
+    from anyfit.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
     sources = sources_of(cfg.data)

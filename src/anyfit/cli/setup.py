@@ -34,7 +34,7 @@ def cmd_prepare(args) -> int:
     cfg = load(args)
     # start-up time: tokenizers and the data pipeline load only when the command runs
     from anyfit.data.prepare import prepare_training_data
-    from anyfit.model.loading import load_tokenizer
+    from anyfit.model.tokenizer import load_tokenizer
 
     data = prepare_training_data(cfg, load_tokenizer(cfg.model))
     print(f"[anyfit] data: {data.report.summary()}")

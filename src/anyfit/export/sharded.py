@@ -20,7 +20,8 @@ from anyfit.data.chat import use_chat_template
 from anyfit.durable import follow_umask
 from anyfit.export import ExportError
 from anyfit.hardware.runtime import inference_policy
-from anyfit.model.loading import load_model, load_tokenizer
+from anyfit.model.loading import load_model
+from anyfit.model.tokenizer import load_tokenizer
 from anyfit.model.source import ModelLocation, ModelSource, record_base
 from anyfit.runfolder import RUN_CONFIG, has_final_model
 

@@ -2,7 +2,8 @@
 folder or GGUF file, LoRA/QLoRA applied), and for inference (the same sources plus a training output
 folder: a full fine-tune, or a LoRA adapter on its base).
 
-The rules the two paths share live here once: the pad-token fallback (``ensure_pad_token``), LoRA targets. The
+The rules the two paths share live here once: LoRA targets (the tokenizer and its pad-token fallback:
+``anyfit.model.tokenizer``). The
 memory savers that change the model (checkpointing, activation offload, the tiled MLP, the fused head) are installed
 through ``anyfit.model.savers``. Where weights come from is ``anyfit.model.source``'s; the clean-up of a dequantized
 GGUF model is ``anyfit.model.gguf_cache``'s; device and dtypes are the runtime policy's
@@ -16,9 +17,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from anyfit.config import Config, ConfigError, LoraConfig, ModelConfig
+from anyfit.config import Config, ConfigError, LoraConfig
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
-from anyfit.hub import check_model_id
 from anyfit.model.attention import register as register_varlen_attention
 from anyfit.model.composite import freeze_all_but_language, language_modules, lora_scope, model_class
 from anyfit.model.gguf_cache import drop_gguf_quantizer
@@ -26,31 +26,7 @@ from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, m
 from anyfit.model.savers import install_savers
 from anyfit.model.shape import resolve_lora_targets
 from anyfit.model.source import ModelSource, locate_model
-
-
-def load_tokenizer(cfg: ModelConfig):
-    """The tokenizer, with a pad token set when it has none (padding is masked out, so EOS is safe)."""
-    from transformers import AutoTokenizer
-
-    src = ModelSource.from_config(cfg)
-    if src.gguf_file and not cfg.tokenizer:  # gguf's reader says nothing useful of a file cut short
-        src.check_weights()
-    kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
-    if cfg.tokenizer:
-        check_model_id(cfg.tokenizer, cfg.revision, key="model.tokenizer")
-        tok = AutoTokenizer.from_pretrained(cfg.tokenizer, **kwargs)
-    else:
-        tok = AutoTokenizer.from_pretrained(src.path, gguf_file=src.gguf_file, **kwargs)
-    return ensure_pad_token(tok, cfg.tokenizer or cfg.name_or_path)
-
-
-def ensure_pad_token(tokenizer, name: str):
-    """Give a tokenizer without a pad token its EOS (or UNK) as pad: padding is masked out, so it is safe."""
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
-    if tokenizer.pad_token is None:
-        raise ConfigError(f"The tokenizer of {name} has no pad, eos or unk token to pad with.")
-    return tokenizer
+from anyfit.model.tokenizer import ensure_pad_token
 
 
 def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, empty: bool = False) -> nn.Module:

@@ -35,7 +35,7 @@ from anyfit.data.batching import (
 from anyfit.data.prepare import TrainingData, data_fingerprint, prepare_training_data
 from anyfit.data.source_names import loss_sources
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
-from anyfit.model.loading import load_tokenizer
+from anyfit.model.tokenizer import load_tokenizer
 from anyfit.model.moe import adapter_in_experts, router_balance_of
 from anyfit.model.shape import shape_from_config
 from anyfit.model.source import ModelSource

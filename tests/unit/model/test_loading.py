@@ -16,8 +16,8 @@ from anyfit.model.loading import (
     ModelSource,
     find_lora_targets,
     load_model,
-    load_tokenizer,
 )
+from anyfit.model.tokenizer import load_tokenizer
 
 
 def test_lora_targets_found_per_architecture(tiny_llama_dir):
