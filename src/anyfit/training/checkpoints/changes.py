@@ -98,7 +98,7 @@ RULES: dict[str, Rule] = {
     "train.adam_beta2": _apply(_OPTIMIZER), "train.adam_eps": _apply(_OPTIMIZER),
     "train.optimizer": _refuse("its state does not fit another optimizer"),
     "train.max_grad_norm": _apply("from this step on"),
-    "train.save_every": _apply(_AT_ONCE), "train.keep_last": _apply(_AT_ONCE),
+    "train.save_every": _apply(_AT_ONCE), "train.keep_last": _apply(_AT_ONCE), "train.save_final": _apply(_AT_ONCE),
     "train.keep_best": _apply("from this step on (another metric starts a new comparison; checkpoints kept stay)"),
     "train.log_every": _apply(_AT_ONCE),
     "train.report_to": _apply(_AT_ONCE), "train.max_nonfinite_steps": _apply(_AT_ONCE),
