@@ -53,7 +53,8 @@ def launch(cfg: Path, out: Path, procs: int, *overrides: str, wait: bool = True,
 
 def run_here(cfg: Path, out: Path, *overrides: str) -> str:
     """The one-process run ``launch(cfg, out, 1, ...)`` makes, in this process: the same config and code path as
-    ``anyfit train`` (on one torch thread, as a launched process), without a new interpreter's imports (about 12 s of CPU per launch on the 2-core VM); its printed lines as the log."""
+    ``anyfit train`` (on one torch thread, as a launched process), without a new interpreter's imports (about 12 s
+    of CPU per launch on the 2-core VM); its printed lines as the log."""
     import torch
 
     from anyfit.config import load_config

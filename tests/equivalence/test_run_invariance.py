@@ -30,8 +30,8 @@ def test_two_processes_match_one(tiny_llama_dir, tmp_path):
     fine-tuning: each process looks up its own texts' rows of the base's top-k) and the same final weights as 1
     process."""
     texts = tmp_path / "base.jsonl"
-    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in ("Seven blue birds sat on a wire.",
-                                                                        "Numbers: 3, 14, 15, 92, 65.", "A short line.")))
+    lines = ("Seven blue birds sat on a wire.", "Numbers: 3, 14, 15, 92, 65.", "A short line.")
+    texts.write_text("".join(json.dumps({"text": t}) + "\n" for t in lines))
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text(f"model: {{name_or_path: {tiny_llama_dir}}}\ndata: {{template: plain}}\n"
                         "train: {effective_batch: 8, micro_batch: 2, max_steps: 6, learning_rate: 1.0e-3, seed: 0, "

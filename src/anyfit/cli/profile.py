@@ -24,13 +24,13 @@ from anyfit.runfolder import read_metrics
 
 
 def profile_overrides(output_dir: str, steps: int, warmup: int, traced: bool = True) -> list[str]:
-    """What a profiling run changes in the user's config: its length, its own folder, nothing on the side (no
-    checkpoint, no final model: its steps are the product) (``traced=False``: a probe, ``steps`` steps without the
+    """What a profiling run changes in the user's config: its length, its own folder, nothing on the side: no
+    checkpoint and no final model, its steps are the product (``traced=False``: a probe, ``steps`` steps without the
     profiler)."""
     length = ([f"runtime.profile={steps}", f"runtime.profile_warmup={warmup}", f"train.max_steps={warmup + steps}"]
               if traced else ["runtime.profile=0", f"train.max_steps={steps}"])
-    return [*length, f"train.output_dir={output_dir}", "train.overwrite=true",
-            "train.resume=null", "train.save_every=0", "train.save_final=false", "train.log_every=1", "train.report_to=none", "eval.every=0",
+    return [*length, f"train.output_dir={output_dir}", "train.overwrite=true", "train.resume=null",
+            "train.save_every=0", "train.save_final=false", "train.log_every=1", "train.report_to=none", "eval.every=0",
             "eval.generate_every=0", "eval.generate_before=false", "eval.generate_at_end=false"]
 
 

@@ -1,13 +1,11 @@
-"""Every way anyfit loads a model, in one place: the tokenizer and model for training (hub id, local
-folder or GGUF file, LoRA/QLoRA applied), and for inference (the same sources plus a training output
-folder: a full fine-tune, or a LoRA adapter on its base).
+"""Every way anyfit loads a model, in one place: for training (hub id, local folder or GGUF file, LoRA/QLoRA
+applied), and for inference (the same sources plus a training output folder: a full fine-tune, or a LoRA adapter on
+its base). The tokenizer and its pad-token fallback are ``anyfit.model.tokenizer``'s.
 
-The rules the two paths share live here once: LoRA targets (the tokenizer and its pad-token fallback:
-``anyfit.model.tokenizer``). The
-memory savers that change the model (checkpointing, activation offload, the tiled MLP, the fused head) are installed
-through ``anyfit.model.savers``. Where weights come from is ``anyfit.model.source``'s; the clean-up of a dequantized
-GGUF model is ``anyfit.model.gguf_cache``'s; device and dtypes are the runtime policy's
-(``anyfit.hardware.runtime``).
+The rules the two paths share live here once: LoRA targets. The memory savers that change the model (checkpointing,
+activation offload, the tiled MLP, the fused head) are installed through ``anyfit.model.savers``. Where weights come
+from is ``anyfit.model.source``'s; the clean-up of a dequantized GGUF model is ``anyfit.model.gguf_cache``'s; device
+and dtypes are the runtime policy's (``anyfit.hardware.runtime``).
 """
 
 from __future__ import annotations
