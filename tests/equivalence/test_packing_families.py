@@ -128,6 +128,22 @@ def test_self_test_falls_back_to_padding_for_a_leak_no_rule_names():
     assert model.config._attn_implementation == "anyfit_varlen"  # handed back as it was
 
 
+def test_self_test_of_a_compiled_model_compiles_nothing():
+    """Under runtime.compile the self-test runs the model eagerly: through the compiled wrapper its no-grad probes and
+    transformers' own attention would each compile the whole model again before the first step."""
+    register()
+    graphs = []
+
+    def counting_backend(graph, example_inputs):  # torch.compile's documented custom-backend form
+        graphs.append(graph)
+        return graph.forward
+
+    model = tiny_model("qwen3", "anyfit_varlen")
+    verdict = _decide(torch.compile(model, backend=counting_backend, dynamic=True), _examples())
+    assert verdict.packed and verdict.error is not None and graphs == []
+    assert model.config._attn_implementation == "anyfit_varlen"
+
+
 def test_skipping_the_self_test_says_so():
     register()
     verdict = choose_packing(tiny_model("mistral", "anyfit_varlen"), _examples(), 0, 64, "cpu", torch.float32,
