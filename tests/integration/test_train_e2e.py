@@ -57,6 +57,10 @@ def test_loss_goes_down_and_output_reloads(lora, tiny_llama_dir, tmp_path):
                 load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
                 bnb_4bit_compute_dtype=torch.float32))
         base = AutoModelForCausalLM.from_pretrained(tiny_llama_dir, dtype=torch.float32, **quantized)
+        if quantized:  # the 4-bit path training ran, not bitsandbytes' bf16 kernel for AVX-512 BF16 CPUs
+            from anyfit.model.loading import keep_one_4bit_path
+
+            keep_one_4bit_path(base)
         reloaded = PeftModel.from_pretrained(base, out)
     else:
         reloaded = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)

@@ -64,12 +64,28 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         model = _instantiate(src, kwargs, empty)
     if src.gguf_file:
         drop_gguf_quantizer(model)
+    if cfg.lora.qlora:
+        keep_one_4bit_path(model)
     freeze_all_but_language(model)  # a composite (vision-language) checkpoint trains its language model only
     install_savers(model, cfg, policy)  # checkpointing, activation offload, tiled MLP, fused head: as configured
     balance_routers(model, cfg.train.router_aux_loss_coef)  # MoE: the router's load-balancing loss, if asked
     if cfg.lora.enabled or cfg.lora.qlora:
         model = apply_lora(model, cfg.lora)
     return model
+
+
+def keep_one_4bit_path(model: nn.Module) -> None:
+    """Keep bitsandbytes' 4-bit layers on the path training runs, also for a forward without gradients.
+
+    On a CPU with AVX-512 BF16, bitsandbytes (0.50) repacks a ``Linear4bit``'s weight in place at its first forward in
+    eval mode without gradients (an evaluation, the packing self-test), and every later forward, training included,
+    runs its inference kernel, which computes in bf16 and has no backward: after the first evaluation the gradients
+    through the frozen base were silently wrong (LoRA gradients off by 100% on a tiny Llama), and layers narrower than
+    its 64-wide block failed outright. The flag is the layer's own switch for that path (set at construction from
+    the CPU's features); off, evaluation runs exactly the function training does, at the training path's speed."""
+    for module in model.modules():
+        if getattr(module, "support_avx512bf16_for_cpu", False):
+            module.support_avx512bf16_for_cpu = False
 
 
 def _instantiate(src: ModelSource, kwargs: dict, empty: bool) -> nn.Module:

@@ -115,3 +115,38 @@ def test_an_empty_model_reads_no_weights_and_has_the_loaded_ones_shape(tiny_llam
     assert buffers and dict(empty.named_buffers()).keys() == buffers.keys()
     for name, buf in empty.named_buffers():
         assert not buf.is_meta and torch.equal(buf, buffers[name]), name
+
+
+def test_qlora_gradients_are_the_same_after_an_evaluation(tiny_llama_dir):
+    """A forward without gradients in eval mode (an evaluation, the packing self-test) leaves the 4-bit layers on the
+    path training runs. bitsandbytes 0.50 otherwise repacks them, on a CPU with AVX-512 BF16, for a bf16 inference
+    kernel without a backward, and the LoRA gradients after the first evaluation were silently wrong (by 100%,
+    64-wide Llama). On a CPU without those instructions both loads take the training path and the test holds
+    trivially; where bitsandbytes cannot run QLoRA on the CPU at all it is skipped."""
+    from anyfit.hardware.runtime import bitsandbytes_cpu_problem
+
+    if bitsandbytes_cpu_problem():
+        pytest.skip(bitsandbytes_cpu_problem())
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "lora.qlora=true"])
+    ids = torch.randint(0, 900, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    def loss_and_grads(evaluate_first: bool):
+        torch.manual_seed(0)
+        model = load_model(cfg, resolve_runtime(cfg.runtime))
+        for name, p in model.named_parameters():  # B starts at zero: move it so every adapter's gradient flows back
+            if "lora_B" in name:
+                torch.nn.init.normal_(p, std=0.1, generator=torch.Generator().manual_seed(len(name)))
+        if evaluate_first:
+            model.eval()
+            with torch.no_grad():
+                model(input_ids=ids)
+        model.train()
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        return loss.item(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+    loss, grads = loss_and_grads(False)
+    loss_after, grads_after = loss_and_grads(True)
+    assert loss_after == loss and grads.keys() == grads_after.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(grads_after[name], grad, rtol=0, atol=0, msg=name)
