@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 from anyfit.config import DataConfig
 from anyfit.data.messages import (
@@ -47,23 +47,7 @@ from anyfit.data.sources import DataError, Records
 __all__ = ["Example", "Format", "Message", "ROLES", "CONTENT_FIELDS", "to_examples", "detect_format",
            "resolve_fields"]
 
-Format = Literal["messages", "prompt_completion", "alpaca", "text", "tokens"]
-
-# The fields each format needs, in anyfit's names, and the optional ones it reads.
-REQUIRED: dict[str, tuple[str, ...]] = {
-    "messages": ("messages",),
-    "prompt_completion": ("prompt", "completion"),
-    "alpaca": ("instruction", "output"),
-    "text": ("text",),
-    "tokens": ("input_ids",),
-}
-OPTIONAL: dict[str, tuple[str, ...]] = {
-    "messages": ("system", "answer", "tools", "chat_template_kwargs"),
-    "prompt_completion": ("input", "system", "answer", "tools", "chat_template_kwargs"),
-    "alpaca": ("input", "system", "history", "answer", "tools", "chat_template_kwargs"),
-    "text": (),
-    "tokens": ("completion_mask",),
-}
+Format = Literal["messages", "prompt_completion", "alpaca", "text", "tokens"]  # FORMATS' keys (a test holds it)
 # Columns that name a conversation when data.fields does not: TRL's and ShareGPT's.
 CONVERSATION_COLUMNS = ("messages", "conversations")
 # Record fields and message keys that carry what a model is trained to read or write: one left unread would change
@@ -140,7 +124,7 @@ def to_examples(records: Sequence[Mapping[str, Any]], cfg: DataConfig, start: in
     if start == 0:
         _check_fields(records[0], fmt, columns, first)
         # An optional field mapped by name but absent from the data is most likely a typo in data.fields.
-        absent = [f"{name}: {cfg.fields[name]}" for name in OPTIONAL[fmt] + ("input",)
+        absent = [f"{name}: {cfg.fields[name]}" for name in FORMATS[fmt].optional + ("input",)
                   if name in cfg.fields and cfg.fields[name] not in records[0]]
         if absent:
             raise DataError(f"data.fields maps {', '.join(sorted(set(absent)))}, but record 0 has no such field; its "
@@ -167,9 +151,9 @@ def detect_format(record: Mapping[str, Any], cfg: DataConfig, place: str = "reco
     alpaca > text > tokens. ``place`` names the record in the error."""
     if not isinstance(record, Mapping):
         raise DataError(f"{place} must be a mapping of fields, got {short(record)}.")
-    for fmt in REQUIRED:
+    for fmt, shape in FORMATS.items():
         columns = _columns(fmt, cfg.fields, record)
-        if all(columns[name] in record for name in REQUIRED[fmt]):
+        if all(columns[name] in record for name in shape.required):
             return fmt
     unmatched = [f"{name}: {column}" for name, column in cfg.fields.items() if column not in record]
     hint = f" (data.fields maps {', '.join(unmatched)}, but there is no such field)" if unmatched else ""
@@ -191,10 +175,10 @@ def _columns(fmt: Format, fields: Mapping[str, str], record: Mapping[str, Any]) 
     An optional field that is not mapped defaults to a column of its own name, unless that column is already
     used for another field (GSM8K maps completion: answer; its 'answer' is not a short answer). A conversation
     is read from 'messages', else 'conversations' (ShareGPT)."""
-    columns = {name: fields.get(name, name) for name in REQUIRED[fmt]}
+    columns = {name: fields.get(name, name) for name in FORMATS[fmt].required}
     if fmt == "messages" and "messages" not in fields:
         columns["messages"] = next((c for c in CONVERSATION_COLUMNS if c in record), "messages")
-    for name in OPTIONAL[fmt]:
+    for name in FORMATS[fmt].optional:
         if name in fields:
             columns[name] = fields[name]
         elif name not in columns.values():
@@ -216,7 +200,7 @@ def _check_fields(record: Mapping[str, Any], fmt: Format, columns: Mapping[str, 
     if not isinstance(record, Mapping):  # records handed over in code rather than read from a file
         raise DataError(f"{place} must be a mapping of fields, got {short(record)}.")
     missing = [f"'{columns[name]}'" + (f" (for {name})" if columns[name] != name else "")
-               for name in REQUIRED[fmt] if columns[name] not in record]
+               for name in FORMATS[fmt].required if columns[name] not in record]
     if missing and fmt == "tokens":  # not mappable: the column names are TRL's
         raise DataError(f"{place} has no field 'input_ids' needed by format 'tokens' (pre-tokenized data: "
                         f"'input_ids' and optionally 'completion_mask'). Its fields are {_field_list(record)}; set "
@@ -233,8 +217,9 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
     place = _place(index, origin)
     _check_fields(record, fmt, columns, place)
     # Ignored fields (data.ignore_fields) are left unread, and so counted in the report with the other unread ones.
-    read = ({columns[n] for n in (*REQUIRED[fmt], *OPTIONAL[fmt]) if n in columns} | set(named)) - set(
-        cfg.ignore_fields)
+    shape = FORMATS[fmt]
+    read = ({columns[n] for n in (*shape.required, *shape.optional) if n in columns} | set(named)) \
+        - set(cfg.ignore_fields)
     unused = [k for k, v in record.items() if k not in read and has_content(v)]
     system, answer = (_optional_str(record, columns.get(name), place) for name in ("system", "answer"))
     values = {k: _string(record[k], place, k, "a string") if has_content(record[k]) else "" for k in named
@@ -245,17 +230,7 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
     if "chat_template_kwargs" in columns and has_content(record.get(columns["chat_template_kwargs"])):
         extras["chat_template_kwargs"] = parse_options(record[columns["chat_template_kwargs"]],
                                                        f"{place}: '{columns['chat_template_kwargs']}'")
-    if fmt == "tokens":
-        example = _tokens(record, index, columns, place, origin)
-    elif fmt == "text":
-        example = Example("text", index, text=_string(record[columns["text"]], place, columns["text"], "a string"),
-                          origin=origin, values=values)
-    elif fmt == "messages":
-        messages, keys = _messages(record[columns["messages"]], place, columns["messages"], cfg.ignore_fields)
-        unused += keys
-        example = Example("messages", index, messages=messages, **extras)
-    else:
-        example = _prompt_completion(record, index, fmt, columns, place, extras, cfg.ignore_fields, unused)
+    example = shape.read(Reading(record, index, fmt, columns, place, extras, cfg.ignore_fields, unused))
     _refuse_content(unused, cfg, place, fmt)
     return example if not unused else _with_unused(example, unused)
 
@@ -264,10 +239,38 @@ def _with_unused(example: Example, unused: list[str]) -> Example:
     return dataclasses.replace(example, unused=tuple(dict.fromkeys(unused)))
 
 
-def _prompt_completion(record: Mapping[str, Any], index: int, fmt: Format, columns: Mapping[str, str], place: str,
-                       extras: dict, ignore: Sequence[str], unused: list[str]) -> Example:
+@dataclass(frozen=True)
+class Reading:
+    """One record on its way to an ``Example``: what every shape's reader is handed. ``extras``: the optional
+    fields read the same way for every shape (system, answer, tools, ...); ``unused``: the record's unread content,
+    to which a reader adds the unread keys of the messages it reads."""
+
+    record: Mapping[str, Any]
+    index: int
+    fmt: str
+    columns: Mapping[str, str]
+    place: str
+    extras: dict
+    ignore: Sequence[str]
+    unused: list[str]
+
+
+def _text(r: Reading) -> Example:
+    return Example("text", r.index, text=_string(r.record[r.columns["text"]], r.place, r.columns["text"], "a string"),
+                   origin=r.extras["origin"], values=r.extras["values"])
+
+
+def _conversation(r: Reading) -> Example:
+    messages, keys = _messages(r.record[r.columns["messages"]], r.place, r.columns["messages"], r.ignore)
+    r.unused.extend(keys)
+    return Example("messages", r.index, messages=messages, **r.extras)
+
+
+def _prompt_completion(r: Reading) -> Example:
     """The record's prompt and completion; the unread keys of messages given as a prompt or completion are added to
     ``unused``."""
+    record, index, fmt, columns, place, extras, ignore, unused = (r.record, r.index, r.fmt, r.columns, r.place,
+                                                                   r.extras, r.ignore, r.unused)
     prompt_col, completion_col = (columns["instruction"], columns["output"]) if fmt == "alpaca" else (
         columns["prompt"], columns["completion"])
     prompt = record[prompt_col]
@@ -299,8 +302,8 @@ def _prompt_completion(record: Mapping[str, Any], index: int, fmt: Format, colum
     return Example("messages", index, messages=messages, **extras)
 
 
-def _tokens(record: Mapping[str, Any], index: int, columns: Mapping[str, str], place: str,
-            origin: str | None) -> Example:
+def _tokens(r: Reading) -> Example:
+    record, columns, place = r.record, r.columns, r.place
     input_ids = _ids(record[columns["input_ids"]], place, columns["input_ids"])
     mask_col = columns.get("completion_mask", "completion_mask")
     mask = record.get(mask_col)
@@ -308,7 +311,30 @@ def _tokens(record: Mapping[str, Any], index: int, columns: Mapping[str, str], p
     if mask is not None and (len(mask) != len(input_ids) or any(m not in (0, 1) for m in mask)):
         raise DataError(f"{place}: '{mask_col}' must be a list of 0/1, one per token of "
                         f"'{columns['input_ids']}' ({len(input_ids)} tokens), got {short(mask)}.")
-    return Example("tokens", index, input_ids=input_ids, completion_mask=mask, origin=origin)
+    return Example("tokens", r.index, input_ids=input_ids, completion_mask=mask, origin=r.extras["origin"])
+
+
+@dataclass(frozen=True)
+class Shape:
+    """One data shape: the fields it needs and the optional ones it reads (anyfit's names, which data.fields maps
+    to a data set's columns), and its reader."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    read: Callable[[Reading], Example]
+
+
+_EXTRAS = ("system", "answer", "tools", "chat_template_kwargs")
+# Every data shape anyfit reads, in the order auto-detection tries them (messages > prompt_completion > alpaca >
+# text > tokens). A new shape is one row here and its reader; config.schema's data.format takes these names.
+FORMATS: dict[str, Shape] = {
+    "messages": Shape(("messages",), _EXTRAS, _conversation),
+    "prompt_completion": Shape(("prompt", "completion"), ("input", *_EXTRAS), _prompt_completion),
+    "alpaca": Shape(("instruction", "output"), ("input", "system", "history", "answer", "tools",
+                                                 "chat_template_kwargs"), _prompt_completion),
+    "text": Shape(("text",), (), _text),
+    "tokens": Shape(("input_ids",), ("completion_mask",), _tokens),
+}
 
 
 def _refuse_content(unused: list[str], cfg: DataConfig, place: str, fmt: Format) -> None:

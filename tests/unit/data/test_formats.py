@@ -169,3 +169,17 @@ def test_solution_is_the_completion_or_the_last_assistant_turn():
         [{"messages": CHAT}, {"messages": CHAT[:1]}], DataConfig())
     assert (pc.solution, chat.solution, open_chat.solution) == ("s", "hello", None)
     assert Example("text", text="t").solution is None
+
+
+def test_the_shape_table_is_the_one_list_of_formats():
+    """data.format's choices, the ``Format`` type and auto-detection's order are FORMATS' keys: a new shape is one
+    row of that table (and its reader)."""
+    import dataclasses
+    import typing
+
+    from anyfit.config.schema import DataConfig
+    from anyfit.data.formats import FORMATS, Format
+
+    assert typing.get_args(Format) == tuple(FORMATS)
+    field = {f.name: f for f in dataclasses.fields(DataConfig)}["format"]
+    assert typing.get_args(typing.get_type_hints(DataConfig)["format"]) == ("auto", *FORMATS), field.name
