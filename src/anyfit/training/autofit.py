@@ -13,74 +13,76 @@ import numpy as np
 import torch
 from torch.profiler import record_function
 
-from anyfit.backends import Backend
 from anyfit.config import ConfigError
 from anyfit.data.batching import BatchPlan, StepStream, choose_micro_batch, example_lengths, to_device
 from anyfit.hardware.memory import budget_bytes, is_oom, peak_bytes, release_cached, reset_peak
+from anyfit.training.parts import Parts
 from anyfit.units import GIB
 from anyfit.training.step import backward_window
 
 
-def probe_micro_batch(model, examples: list[dict], plan: BatchPlan, collate_fn, loss_fn, device: str,
-                      budget: int, optimizer_bytes: int, echo=print, peak_of=None, agree=None) -> int:
-    """The largest micro-batch (``choose_micro_batch``) whose forward+backward on the longest sequences
-    stays under ``budget`` bytes, counting the optimizer state that the first step will allocate.
-    ``peak_of(micro)`` replaces the measurement (tests compare the choice with the planner's); ``agree(peak)``
-    turns this process's peak into the one all processes use."""
-    lengths = example_lengths(examples)  # a token store's, without reading every example
-    longest = np.argsort(-lengths, kind="stable").tolist()  # longest first; ties in example order
-
-    def measured(micro: int) -> int | None:
-        batch = to_device(collate_fn([examples[i] for i in longest[:micro]]), device)
-        reset_peak(device)
-        try:
-            loss_fn(model, batch).sum().backward()  # the sum: a data.mix loss is one per source
-            peak = peak_bytes(device) + optimizer_bytes
-        except Exception as e:  # noqa: BLE001 - only out-of-memory is expected here
-            if not is_oom(e):
-                raise
-            peak = None
-        model.zero_grad(set_to_none=True)
-        del batch
-        release_cached(device)
-        return peak
+def probe_micro_batch(examples, plan: BatchPlan, budget: int, measure, echo=print, agree=None) -> int:
+    """The largest micro-batch (``choose_micro_batch``) whose peak ``measure(micro)`` (bytes, None for out of
+    memory: ``measured_peak``'s, or a test's stand-in) stays under ``budget``, longest sequences first.
+    ``agree(peak)`` turns this process's peak into the one all processes use."""
+    longest = int(example_lengths(examples).max())
 
     def peak(micro: int) -> int | None:
         if micro > len(examples):  # the same on every process: no agreement needed to stop here
             return None
-        found = (peak_of or measured)(micro)
+        found = measure(micro)
         if agree is not None:
             found = agree(found)
         gib = f"{found / GIB:.2f} GiB" if found is not None else "out of memory"
-        echo(f"[anyfit] micro_batch probe: {micro} x {lengths[longest[0]]} tokens -> {gib} "
-             f"(budget {budget / GIB:.2f} GiB)")
+        echo(f"[anyfit] micro_batch probe: {micro} x {longest} tokens -> {gib} (budget {budget / GIB:.2f} GiB)")
         return found
 
     return choose_micro_batch(plan.per_process, peak, budget) or 1
 
 
-def auto_micro_batch(backend: Backend, accelerator, model, examples: list[dict], plan: BatchPlan, collate_fn,
-                     loss_fn, device: str, memory_fraction: float, trainable_params: int, echo=print,
-                     lockstep: bool = False) -> BatchPlan:
+def measured_peak(parts: Parts, optimizer_bytes: int):
+    """``micro -> peak bytes`` of one forward and backward of the ``micro`` longest examples (None: out of memory),
+    counting the optimizer state the first step will allocate."""
+    examples, device = parts.data.examples, parts.policy.device
+    longest = np.argsort(-example_lengths(examples), kind="stable").tolist()  # longest first; ties in example order
+
+    def measure(micro: int) -> int | None:
+        batch = to_device(parts.collate([examples[i] for i in longest[:micro]]), device)
+        reset_peak(device)
+        try:
+            parts.train_loss(parts.model, batch).sum().backward()  # the sum: a data.mix loss is one per source
+            peak = peak_bytes(device) + optimizer_bytes
+        except Exception as e:  # noqa: BLE001 - only out-of-memory is expected here
+            if not is_oom(e):
+                raise
+            peak = None
+        parts.model.zero_grad(set_to_none=True)
+        del batch
+        release_cached(device)
+        return peak
+
+    return measure
+
+
+def auto_micro_batch(parts: Parts, plan: BatchPlan) -> BatchPlan:
     """``train.micro_batch=auto``: measured, not guessed, on every process; all take the smallest choice.
 
     No gradient reduction during the probe, and the RNG is left as it was (resume stays exact). A sharded
     model gathers weights in every forward (a collective), so its processes probe in lockstep: each candidate
-    is judged by the largest peak of all processes, and each holds 1/N of the optimizer state. ``lockstep``: the
-    forward is collective for another reason (sequence parallelism's all-to-all), judged the same way.
+    is judged by the largest peak of all processes, and each holds 1/N of the optimizer state. The forward of a
+    sequence-parallel run is collective for another reason (its all-to-all), judged the same way.
     """
-    sharded = backend.sharded
-    lockstep = lockstep or sharded
+    backend, accelerator, device = parts.backend, parts.accelerator, parts.policy.device
+    lockstep = parts.split.active or backend.sharded
+    optimizer_bytes = 8 * parts.loaded.trainable // (accelerator.num_processes if backend.sharded else 1)
     rng_devices = [torch.cuda.current_device()] if device == "cuda" else []
-    with backend.no_sync(accelerator, model), torch.random.fork_rng(devices=rng_devices):
-        micro = probe_micro_batch(model, examples, plan, collate_fn, loss_fn, device,
-                                  budget_bytes(device, memory_fraction),
-                                  optimizer_bytes=8 * trainable_params // (accelerator.num_processes if sharded
-                                                                            else 1),
-                                  echo=echo, agree=(lambda peak: _largest_of_all(accelerator, peak)) if lockstep else None)
+    with backend.no_sync(accelerator, parts.model), torch.random.fork_rng(devices=rng_devices):
+        micro = probe_micro_batch(parts.data.examples, plan, budget_bytes(device, parts.cfg.runtime.memory_fraction),
+                                  measured_peak(parts, optimizer_bytes), echo=parts.say,
+                                  agree=(lambda peak: _largest_of_all(accelerator, peak)) if lockstep else None)
     micro = int(accelerator.gather(torch.tensor([micro], device=accelerator.device)).min())
     plan = plan.with_micro_batch(micro)
-    echo(f"[anyfit] micro_batch=auto chose {micro}: {plan.describe()}")
+    parts.say(f"[anyfit] micro_batch=auto chose {micro}: {plan.describe()}")
     return plan
 
 
@@ -117,17 +119,17 @@ class Window:
     by_source: torch.Tensor | None = None  # data.mix: this process's summed token loss per source
 
 
-def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream: StepStream, step: int, loss_fn,
-                        device: str, echo=print) -> Window:
-    """``backward_window`` over the step's window; after an out-of-memory error the partial window is
-    dropped and the step is redone whole with half the micro-batch."""
+def backward_with_retry(parts: Parts, optimizer, stream: StepStream, step: int) -> Window:
+    """``backward_window`` over the step's window (``parts.train_loss``); after an out-of-memory error the partial
+    window is dropped and the step is redone whole with half the micro-batch."""
+    backend, accelerator, model = parts.backend, parts.accelerator, parts.model
     while True:
         with record_function("anyfit.data_wait"):  # the phases anyfit.profiling reads from a trace
             indices, window_tokens, cpu_batches = stream.get(step)
         with record_function("anyfit.h2d"):
             batches = [to_device(b, accelerator.device, non_blocking=True) for b in cpu_batches]
         try:
-            sums = backward_window(backend, accelerator, model, batches, window_tokens, loss_fn)
+            sums = backward_window(backend, accelerator, model, batches, window_tokens, parts.train_loss)
             return Window(loss_sum=sums.sum(), indices=indices, trainable_tokens=window_tokens,
                           by_source=sums if sums.ndim else None)
         except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
@@ -135,7 +137,7 @@ def backward_with_retry(backend: Backend, accelerator, model, optimizer, stream:
                 raise
             del batches
             optimizer.zero_grad(set_to_none=True)
-            release_cached(device)
+            release_cached(parts.policy.device)
             plan = halve_micro_batch(stream.batches.sampler.plan, accelerator.num_processes, e)
             stream.replan(plan)
-            echo(f"[anyfit] out of memory at step {step + 1}: retrying the step with {plan.describe()}")
+            parts.say(f"[anyfit] out of memory at step {step + 1}: retrying the step with {plan.describe()}")

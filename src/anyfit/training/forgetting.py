@@ -34,6 +34,7 @@ from anyfit.config import Config, ConfigError
 from anyfit.data.readers import read_file
 from anyfit.data.tokenization import IGNORE_INDEX
 from anyfit.training.loss import cross_entropy_sum, kept_logits, source_groups
+from anyfit.training.parts import Parts
 from anyfit.training.validation import validation_loss
 
 BASE_TOPK = "base_topk.safetensors"  # the base model's top-k log-probabilities of the held-out text (full FT)
@@ -223,9 +224,8 @@ class BaseWatch:
             text, kl_fn, collate_fn, warn, exact, say
         self.above = False
 
-    def measure(self, backend, accelerator, model, micro_batch: int, split) -> float:
-        kl = validation_loss(backend, accelerator, model, self.text.examples, micro_batch, self.collate_fn,
-                             self.kl_fn, split)
+    def measure(self, parts: Parts, micro_batch: int) -> float:
+        kl = validation_loss(parts, self.text.examples, micro_batch, collate=self.collate_fn, loss_fn=self.kl_fn)
         if self.warn and kl > self.warn and not self.above:
             self.say(f"[anyfit] warning: base_kl={kl:.4f} nats/token on {self.text.source} is past "
                      f"train.base_kl_warn={self.warn}: the model is drifting from the base on text it already "
@@ -258,21 +258,18 @@ class Forgetting:
         return {"base_kl": self.watch.as_dict()} if self.watch else {}
 
 
-def watch_base(cfg: Config, backend, accelerator, model, loaded, data, tokenizer, collate_fn, loss_fn, split, start,
-               say) -> Forgetting:
+def watch_base(parts: Parts, resumed: bool) -> Forgetting:
     """Set-up, before the first update: the training loss (anchored with ``train.base_kl_weight``) and the base_kl
-    watch. ``loaded``: the backend's ``LoadedModel`` (its ``model`` is the PEFT model under the wrapper ``model``);
-    ``start``: where the run starts (``checkpoints.start``)."""
-    return Forgetting(training_loss(cfg, loaded.model, loss_fn, split),
-                      set_up_watch(cfg, backend, accelerator, model, loaded.model, data, tokenizer, collate_fn, split,
-                                   start.out, 1 if cfg.train.micro_batch == "auto" else cfg.train.micro_batch,
-                                   start.resume_from is not None, say))
+    watch. ``resumed``: the run continues a checkpoint (the base's top-k is read from the run folder, never computed
+    from the resumed weights)."""
+    return Forgetting(training_loss(parts.cfg, parts.bare, parts.loss_fn, parts.split), set_up_watch(parts, resumed))
 
 
-def set_up_watch(cfg: Config, backend, accelerator, model, bare, data, tokenizer, collate_fn, split, out: Path,
-                 micro_batch: int, resumed: bool, say) -> BaseWatch | None:
+def set_up_watch(parts: Parts, resumed: bool) -> BaseWatch | None:
     """The run's ``BaseWatch`` (None when base_kl is off), with a printed line saying what it measures and on
     what; for full fine-tuning the base's top-k is computed (before the first update) or read here."""
+    cfg, split, say, out = parts.cfg, parts.split, parts.say, parts.out
+    micro_batch = 1 if cfg.train.micro_batch == "auto" else cfg.train.micro_batch
     asked = watching(cfg)
     if asked is False:
         return None
@@ -283,7 +280,7 @@ def set_up_watch(cfg: Config, backend, accelerator, model, bare, data, tokenizer
                               "train.watch_base=false.")
         say("[anyfit] base_kl: off (not available with sequence parallel yet)")
         return None
-    text = held_out_text(cfg, tokenizer, data.eval_examples)
+    text = held_out_text(cfg, parts.tokenizer, parts.data.eval_examples)
     if text is None:
         if asked:
             raise ConfigError("train.watch_base=true needs held-out text: set eval.base_text (a JSONL file of "
@@ -294,7 +291,7 @@ def set_up_watch(cfg: Config, backend, accelerator, model, bare, data, tokenizer
     if lora:
         say(f"[anyfit] base_kl: exact KL(base || tuned) per token at every validation, on {text.positions} positions "
             f"of {text.source} (the base: the adapters disabled)")
-        return BaseWatch(text, functools.partial(lora_kl_sum, bare=bare), collate_fn, warn, True, say)
+        return BaseWatch(text, functools.partial(lora_kl_sum, bare=parts.bare), parts.collate, warn, True, say)
     k = cfg.eval.base_top_k
     examples, row = [], 0
     for e in text.examples:
@@ -311,9 +308,10 @@ def set_up_watch(cfg: Config, backend, accelerator, model, bare, data, tokenizer
         return None
     else:
         t0 = time.perf_counter()
-        top = base_top_k(backend, model, text.examples, k, micro_batch, collate_fn, accelerator.device)
+        top = base_top_k(parts.backend, parts.model, text.examples, k, micro_batch, parts.collate,
+                         parts.accelerator.device)
         seconds = time.perf_counter() - t0
-        if accelerator.is_main_process:
+        if parts.accelerator.is_main_process:
             out.mkdir(parents=True, exist_ok=True)
             save_file({"ids": top.ids, "logp": top.logp, **({"rest": top.rest} if top.rest is not None else {})},
                       str(path), metadata={"digest": text.digest(), "k": str(k)})
@@ -322,7 +320,7 @@ def set_up_watch(cfg: Config, backend, accelerator, model, bare, data, tokenizer
             f"on each process (saved to {path}); base_kl is the KL over those k tokens and the rest of the "
             f"vocabulary as one bucket: {LOWER_BOUND}" + (" (here exact: k >= vocabulary)" if top.rest is None
                                                           else ""))
-    return BaseWatch(text, topk_kl_sum, functools.partial(topk_collate, collate_fn=collate_fn, top=top), warn,
+    return BaseWatch(text, topk_kl_sum, functools.partial(topk_collate, collate_fn=parts.collate, top=top), warn,
                      top.rest is None, say)
 
 

@@ -14,35 +14,34 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from anyfit.backends import Backend, unwrapped
-from anyfit.backends.sequence import SequenceSplit
-from anyfit.config import Config
+from anyfit.backends import unwrapped
 from anyfit.data.batching import to_device
 from anyfit.data.source_names import loss_sources
-from anyfit.data.prepare import TrainingData
 from anyfit.evaluation.evaluate import generation_eval
 from anyfit.runfolder import write_generations
+from anyfit.training.parts import Parts
 
 GEN_FIELDS = ("accuracy", "format_rate", "fallback_rate", "mean_completion_tokens", "tokens_per_second", "n")
 
 
 @torch.no_grad()
-def validation_loss(backend: Backend, accelerator, model, examples: list[dict], micro_batch: int, collate_fn,
-                    loss_fn, split: SequenceSplit = SequenceSplit()) -> float:
+def validation_loss(parts: Parts, examples: list[dict], micro_batch: int, *, collate=None, loss_fn=None) -> float:
     """Mean token loss over every trainable token of ``examples`` (``validation_losses``)."""
-    return validation_losses(backend, accelerator, model, examples, micro_batch, collate_fn, loss_fn, split)[0]
+    return validation_losses(parts, examples, micro_batch, collate=collate, loss_fn=loss_fn)[0]
 
 
 @torch.no_grad()
-def validation_losses(backend: Backend, accelerator, model, examples: list[dict], micro_batch: int, collate_fn,
-                      loss_fn, split: SequenceSplit = SequenceSplit(), sources: int = 0
-                      ) -> tuple[float, list[float | None]]:
-    """Mean token loss over every trainable token of ``examples``, split over the data-parallel groups, and with
+def validation_losses(parts: Parts, examples: list[dict], micro_batch: int, sources: int = 0, *, collate=None,
+                      loss_fn=None) -> tuple[float, list[float | None]]:
+    """Mean token loss over every trainable token of ``examples`` (by ``loss_fn``, the run's token loss unless
+    given; batches by ``collate``, the run's unless given), split over the data-parallel groups, and with
     ``sources`` (examples of ``data.mix``, each knowing its source) the mean over each source's tokens (None for a
     source without one). A sharded model needs every process in every forward (weights are gathered layer by
     layer), so there each process runs all examples; a sequence-parallel group runs the same examples, each
     process its part of them (``loss_fn`` is the split one), and one process per group counts the tokens. The sums
     over all processes then hold every example as often as every token count does."""
+    backend, accelerator, model, split = parts.backend, parts.accelerator, parts.model, parts.split
+    collate_fn, loss_fn = collate or parts.collate, loss_fn or parts.loss_fn
     mine = examples if backend.sharded else examples[split.data_rank::split.data_size]
     mine = sorted(mine, key=lambda e: -len(e["input_ids"]))  # similar lengths together: less padding
     totals = torch.zeros(2 + 2 * sources, device=accelerator.device)  # loss, tokens; per source: losses, tokens
@@ -72,10 +71,8 @@ def validation_losses(backend: Backend, accelerator, model, examples: list[dict]
 class InTrainingEval:
     """When and what to evaluate during a run (``eval.*``); ``run`` returns the record to log, or None."""
 
-    def __init__(self, cfg: Config, data: TrainingData, tokenizer, collate_fn, loss_fn,
-                 split: SequenceSplit = SequenceSplit(), watch=None):
-        self.cfg, self.data, self.tokenizer, self.collate_fn, self.loss_fn = cfg, data, tokenizer, collate_fn, loss_fn
-        self.split = split
+    def __init__(self, parts: Parts, watch=None):
+        self.parts, self.cfg, self.data = parts, parts.cfg, parts.data
         self.watch = watch  # train.watch_base: a training.forgetting.BaseWatch measuring base_kl, or None
 
     def due(self, done: int, steps: int) -> tuple[bool, bool]:
@@ -87,22 +84,21 @@ class InTrainingEval:
         generate = bool(e.generate_every and done % e.generate_every == 0) or (e.generate_at_end and done == steps)
         return loss, generate
 
-    def run(self, backend: Backend, accelerator, model, done: int, micro_batch: int, loss: bool, generate: bool
-            ) -> dict[str, Any] | None:
+    def run(self, done: int, micro_batch: int, loss: bool, generate: bool) -> dict[str, Any] | None:
         """Validation loss (all processes) and generation accuracy (main process; the others wait)."""
         record: dict[str, Any] = {"step": done}
+        accelerator = self.parts.accelerator
         if loss and self.data.eval_examples:
             names = loss_sources(self.data.eval_examples)  # data.mix with eval.holdout: per source too
-            mean, per_source = validation_losses(backend, accelerator, model, self.data.eval_examples, micro_batch,
-                                                 self.collate_fn, self.loss_fn, self.split, len(names))
+            mean, per_source = validation_losses(self.parts, self.data.eval_examples, micro_batch, len(names))
             record["val_loss"] = round(mean, 6)
             record.update({f"val_loss/{name}": round(v, 6) for name, v in zip(names, per_source) if v is not None})
         if loss and self.watch is not None:  # drift from the base model (training.forgetting), beside val_loss
-            kl = self.watch.measure(backend, accelerator, model, micro_batch, self.split)
+            kl = self.watch.measure(self.parts, micro_batch)
             record["base_kl"] = float(f"{kl:.6g}")  # significant digits: it starts at 0
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
-                rows, summary = generation_eval(unwrapped(model), self.tokenizer,
+                rows, summary = generation_eval(unwrapped(self.parts.model), self.parts.tokenizer,
                                                 self.data.gen_examples, self.cfg)
                 record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})
                 write_generations(Path(self.cfg.train.output_dir),

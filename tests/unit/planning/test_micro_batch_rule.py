@@ -51,8 +51,8 @@ def test_plan_and_auto_pick_the_same_micro_batch(tiny_llama_dir, packing):
         target = custom_target("cpu", budget / SAFETY / 1e9)
         planned = plan_target(cfg, shape, target, overhead_gib=0).setup.micro_batch
         budget = int(target.memory_gib * GIB * SAFETY)  # the planner's budget, to the byte
-        probed = probe_micro_batch(None, examples, BatchPlan(effective, 1, effective, 1), None, None, "cpu", budget,
-                                   optimizer_bytes=0, echo=lambda *a: None, peak_of=peak)
+        probed = probe_micro_batch(examples, BatchPlan(effective, 1, effective, 1), budget, peak,
+                                   echo=lambda *a: None)
         assert planned == probed == low, (budget, planned, probed)
         picked.add(planned)
     assert picked == set(candidates)  # including 3 and 6, which are not powers of two

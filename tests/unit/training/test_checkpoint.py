@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import save_file
 
 from anyfit.backends.replicated import Replicated
-from anyfit.config import ConfigError, ModelConfig
+from anyfit.config import ConfigError, ModelConfig, load_config
 from anyfit.model.source import BASE_RECORD, portable_base, record_base
 from anyfit.training.checkpoints.checkpoint import (
     TrainState,
@@ -214,9 +214,9 @@ def test_save_checkpoint_writes_the_manifest_last(tiny_llama_dir, tmp_path):
     model = _tiny_lora(tiny_llama_dir)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad])
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
-    cfg = ModelConfig(name_or_path=str(tiny_llama_dir))
+    cfg = load_config(None, [f"model.name_or_path={tiny_llama_dir}", "train.keep_last=2"])
     ck = save_checkpoint(REPLICATED, OneProcess(), tmp_path, 3, TrainState(model=model, optimizer=opt, scheduler=sched),
-                         config_yaml="a: 1\n", trainer_state={"epoch": 0}, keep_last=2, model_cfg=cfg)
+                         cfg=cfg, trainer_state={"epoch": 0})
     assert ck == tmp_path / "checkpoint-3" and not list(tmp_path.glob(".tmp-*"))
     files = json.loads((ck / MANIFEST).read_text())["files"]
     assert set(files) == {p.name for p in ck.iterdir()} - {MANIFEST}

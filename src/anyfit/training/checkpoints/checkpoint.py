@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from anyfit.backends import Backend, load_states, unwrapped
+from anyfit.config import Config
 from anyfit.backends.reading import damaged, torch_load
 from anyfit.data import fingerprint
 from anyfit.data.stopping import write_generation_config
@@ -38,6 +39,7 @@ from anyfit.runfolder import (
     remove_leftovers,
 )
 from anyfit.training.checkpoints.best import FINAL, Best
+from anyfit.training.parts import Parts
 from anyfit.training.checkpoints.integrity import SCHEDULER, STATE, checkpoint_problem, write_manifest
 from anyfit.training.checkpoints.disk import (
     agreed,
@@ -98,9 +100,10 @@ class Checkpointer:
     written then), and at a stop. A failed write mid-run is a warning and training goes on; at a stop, where the
     steps since the last checkpoint would be lost, it ends the run."""
 
-    def __init__(self, backend: Backend, accelerator, out: Path, cfg, *, state: TrainState, guard, total_steps: int,
-                 steps_per_epoch: int, best: Best | None = None, say=print):
-        self.backend, self.accelerator, self.out, self.cfg, self.say = backend, accelerator, out, cfg, say
+    def __init__(self, parts: Parts, *, state: TrainState, guard, total_steps: int, steps_per_epoch: int,
+                 best: Best | None = None):
+        self.backend, self.accelerator, self.out, self.cfg, self.say = (parts.backend, parts.accelerator, parts.out,
+                                                                        parts.cfg, parts.say)
         self.state = state
         self.guard, self.total_steps, self.steps_per_epoch = guard, total_steps, steps_per_epoch
         self.best = best  # train.keep_best (anyfit.training.checkpoints.best)
@@ -148,10 +151,8 @@ class Checkpointer:
             record = Best(self.best.key, self.best.lower, *(self.best.pending or (self.best.step, self.best.value)))
             trainer_state["best"] = record.as_dict()
         try:
-            path = save_checkpoint(self.backend, self.accelerator, self.out, step, self.state,
-                                   config_yaml=self.cfg.to_yaml(), trainer_state=trainer_state,
-                                   keep_last=self.cfg.train.keep_last, model_cfg=self.cfg.model,
-                                   keep=self.best.protected() if self.best else ())
+            path = save_checkpoint(self.backend, self.accelerator, self.out, step, self.state, cfg=self.cfg,
+                                   trainer_state=trainer_state, keep=self.best.protected() if self.best else ())
         except NotWritten as e:
             if last:
                 raise
@@ -169,10 +170,10 @@ class Checkpointer:
         return path
 
 
-def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, state: TrainState, *, config_yaml: str,
-                    trainer_state: dict[str, Any], keep_last: int, model_cfg=None, keep: tuple[int, ...] = ()) -> Path:
-    """Write ``checkpoint-<step>`` of ``state`` (collective), with the run's config and ``trainer_state``; keeps
-    the newest ``keep_last``, and the checkpoints of the steps in ``keep`` (the best). Raises ``NotWritten`` on every process alike when the disk has no room for it or a
+def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, state: TrainState, *, cfg: Config,
+                    trainer_state: dict[str, Any], keep: tuple[int, ...] = ()) -> Path:
+    """Write ``checkpoint-<step>`` of ``state`` (collective), with the run's config ``cfg`` and ``trainer_state``;
+    keeps the newest ``train.keep_last``, and the checkpoints of the steps in ``keep`` (the best). Raises ``NotWritten`` on every process alike when the disk has no room for it or a
     write fails: the temporary folder is removed, earlier checkpoints are untouched."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = output_dir / f"{TMP_CHECKPOINT_PREFIX}{step}"
@@ -185,7 +186,7 @@ def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, 
     problem = agreed(accelerator, problem)
     if problem is None:
         problem = agreed(accelerator, _attempt(lambda: _write_checkpoint(
-            backend, accelerator, tmp, state, config_yaml, model_cfg), output_dir, need))
+            backend, accelerator, tmp, state, cfg.to_yaml(), cfg.model), output_dir, need))
     if problem is None and accelerator.is_main_process:
         problem = _attempt(lambda: _finish_checkpoint(tmp, final, {**trainer_state, "step": step}), output_dir, need)
     problem = agreed(accelerator, problem)
@@ -194,7 +195,7 @@ def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, 
             shutil.rmtree(tmp, ignore_errors=True)
         raise not_written(final.name, output_dir, problem)
     if accelerator.is_main_process:
-        prune(output_dir, keep_last, keep)
+        prune(output_dir, cfg.train.keep_last, keep)
     accelerator.wait_for_everyone()
     return final
 
