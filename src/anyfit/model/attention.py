@@ -39,6 +39,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from anyfit.model.packing import LAYER_KINDS
+
 NAME = "anyfit_varlen"
 
 # Keywords transformers passes through to every attention function that do not change what it computes.
@@ -47,8 +49,6 @@ _NEUTRAL = frozenset({
     "output_attentions", "output_hidden_states", "output_router_logits", "num_items_in_batch", "use_cache",
     "cache_position", "past_key_values", "position_embeddings", "token_type_ids", "return_dict",
 })
-# The layer types whose window this module applies itself (transformers' ``config.layer_types`` names).
-_PLAIN_LAYERS = frozenset({"full_attention", "sliding_attention"})
 
 
 class NotExactPacked(RuntimeError):
@@ -115,9 +115,10 @@ def layer_window(module: torch.nn.Module, kwargs: dict) -> int | None:
     types = getattr(config, "layer_types", None) if config is not None else None
     if types is None or index is None or index >= len(types):
         return None
-    if types[index] not in _PLAIN_LAYERS:
+    kind = LAYER_KINDS.get(types[index])
+    if kind is None or not kind.per_example:
         raise NotExactPacked(f"its '{types[index]}' layers")
-    return int(config.sliding_window) if types[index] == "sliding_attention" and config.sliding_window else None
+    return int(config.sliding_window) if kind.sliding and config.sliding_window else None
 
 
 def _eager_reason(module: torch.nn.Module, kwargs: dict) -> str:

@@ -11,10 +11,27 @@ self-test that catches what these rules do not name.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
-# Layer kinds of ``config.layer_types`` that are attention (transformers' names); anything else holds a state.
-ATTENTION_LAYERS = frozenset({"full_attention", "sliding_attention", "chunked_attention", "attention"})
+
+@dataclass(frozen=True)
+class LayerKind:
+    """What packing needs to know of one kind of layer in ``config.layer_types`` (transformers' names)."""
+
+    per_example: bool  # ``anyfit_varlen`` computes it one example at a time itself (else transformers' own attention)
+    sliding: bool = False  # attends within ``config.sliding_window`` where the layer does not pass its window
+
+
+# The kinds of layer that attend. Any other kind in ``config.layer_types`` (linear attention, mamba, conv, ...) holds
+# a state along the sequence: such a model is never packed.
+LAYER_KINDS: dict[str, LayerKind] = {
+    "full_attention": LayerKind(per_example=True),
+    "sliding_attention": LayerKind(per_example=True, sliding=True),
+    "chunked_attention": LayerKind(per_example=False),  # chunks: a pattern anyfit_varlen does not split per slice
+    "attention": LayerKind(per_example=False),  # hybrids' name for full attention (their state layers keep them padded)
+}
 # Class-name parts of layers with a state over the sequence, for configs without ``layer_types``.
 _STATEFUL = ("mamba", "gateddeltanet", "linearattention", "shortconv", "rwkv")
 
@@ -25,7 +42,7 @@ def _text(config):
 
 def stateful_kinds(config) -> str:
     """The config's layer kinds that carry a state along the sequence, described ('' when every layer attends)."""
-    kinds = sorted(set(getattr(_text(config), "layer_types", None) or []) - ATTENTION_LAYERS)
+    kinds = sorted(set(getattr(_text(config), "layer_types", None) or []) - set(LAYER_KINDS))
     return f"its {', '.join(repr(k) for k in kinds)} layers" if kinds else ""
 
 
