@@ -53,6 +53,22 @@ RESET = "\033[0m"
 OPEN, CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧: rarely found in training text, so the marks stay unambiguous
 
 
+# Why an example is dropped: the report's count, how the data line says it, and what to change when no example is
+# left ({limit}: data.max_length).
+DROPS = (
+    ("dropped_overlong", "as longer than data.max_length={limit} (data.overlong=drop)",
+     "longer than data.max_length={limit} (set data.overlong=truncate or raise data.max_length)"),
+    ("dropped_nothing_to_train", "with nothing to train on (a conversation without an assistant turn, or an empty "
+     "completion)", "with nothing to train on (conversations without an assistant turn, or empty completions: check "
+     "the data, e.g. with anyfit render)"),
+    ("dropped_no_target", "with no trainable tokens left within data.max_length={limit} (the prompt fills it)",
+     "with no trainable tokens within data.max_length={limit} (the prompt alone fills it: raise data.max_length)"),
+    ("dropped_no_answer", "for lack of an answer (no 'answer' field, no '#### N' or \\boxed{{}}) for the r1_zero "
+     "template", "without an answer for r1_zero (map data.fields: {{answer: ...}} or use solutions ending in '#### N' "
+     "or \\boxed{{}})"),
+)
+
+
 @dataclass
 class DataReport:
     """What tokenization did to the data. ``loaded`` counts records; a record can make several examples (a
@@ -85,18 +101,8 @@ class DataReport:
         if self.truncated:
             parts.append(f"{self.truncated} were cut to data.max_length={self.length_limit} tokens "
                          f"({self.truncated_tokens:,} tokens cut away).")
-        if self.dropped_overlong:
-            parts.append(f"{self.dropped_overlong} were dropped as longer than data.max_length={self.length_limit} "
-                         "(data.overlong=drop).")
-        if self.dropped_nothing_to_train:
-            parts.append(f"{self.dropped_nothing_to_train} were dropped with nothing to train on (a conversation "
-                         "without an assistant turn, or an empty completion).")
-        if self.dropped_no_target:
-            parts.append(f"{self.dropped_no_target} were dropped with no trainable tokens left within "
-                         f"data.max_length={self.length_limit} (the prompt fills it).")
-        if self.dropped_no_answer:
-            parts.append(f"{self.dropped_no_answer} were dropped for lack of an answer (no 'answer' field, no "
-                         "'#### N' or \\boxed{}) for the r1_zero template.")
+        parts += [f"{getattr(self, key)} were dropped {said.format(limit=self.length_limit)}."
+                  for key, said, _ in DROPS if getattr(self, key)]
         if self.kept:
             share = 100.0 * self.trainable_tokens / max(self.total_tokens, 1)
             parts.append(f"{self.total_tokens:,} tokens, {self.trainable_tokens:,} trained on ({share:.0f}%); "
@@ -553,17 +559,6 @@ def _count_trained(labels: list[int]) -> int:
 
 def nothing_left(report: DataReport) -> str:
     """Why no example is left, with the setting to change for each reason."""
-    reasons = []
-    if report.dropped_overlong:
-        reasons.append(f"{report.dropped_overlong} longer than data.max_length={report.length_limit} (set "
-                       "data.overlong=truncate or raise data.max_length)")
-    if report.dropped_nothing_to_train:
-        reasons.append(f"{report.dropped_nothing_to_train} with nothing to train on (conversations without an "
-                       "assistant turn, or empty completions: check the data, e.g. with anyfit render)")
-    if report.dropped_no_target:
-        reasons.append(f"{report.dropped_no_target} with no trainable tokens within data.max_length="
-                       f"{report.length_limit} (the prompt alone fills it: raise data.max_length)")
-    if report.dropped_no_answer:
-        reasons.append(f"{report.dropped_no_answer} without an answer for r1_zero (map data.fields: {{answer: ...}} "
-                       "or use solutions ending in '#### N' or \\boxed{})")
+    reasons = [f"{getattr(report, key)} {fix.format(limit=report.length_limit)}"
+               for key, _, fix in DROPS if getattr(report, key)]
     return (f"No training examples left out of {report.loaded}: " + "; ".join(reasons) + ".")
