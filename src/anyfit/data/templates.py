@@ -131,7 +131,7 @@ def render(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig
         return [Rendering([Segment(example.text or "", trained=True)], add_special_tokens=True)]
     if cfg.template == "chat":
         messages, trained_turns = _chat_messages(example, cfg)
-        chat = ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
+        chat = _chat(tokenizer, example, cfg)
         parts = chat_parts(messages, trained_turns, chat)
         empty = "empty_think_trained" if cfg.train_empty_think else "empty_think_masked"
         notes = (empty,) if chat.empty_think else ()
@@ -161,7 +161,7 @@ def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: Dat
         messages, trained_turns = _chat_messages(example, cfg)
         if not trained_turns:
             raise DataError(f"{example.place} has no assistant turn to generate.")
-        chat = ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
+        chat = _chat(tokenizer, example, cfg)
         return chat.apply(messages[: trained_turns[-1]], True)
     prompt, _ = _single_turn(example, cfg)
     return prompt if cfg.template == "trl" else _text_prompt(prompt, cfg, example)
@@ -172,6 +172,11 @@ def template_options(example: Example, cfg: DataConfig) -> TemplateOptions:
     data.* settings ``anyfit.data.chat.TemplateOptions`` names."""
     return TemplateOptions({**cfg.chat_template_kwargs, **(example.chat_template_kwargs or {})}, cfg.system_fallback,
                            cfg.train_empty_think, cfg.train_reasoning, "reasoning_content" in cfg.ignore_fields)
+
+
+def _chat(tokenizer, example: Example, cfg: DataConfig) -> ChatTemplate:
+    """The chat template as ``example`` is rendered: with its tools, and the run's and its own template options."""
+    return ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
 
 
 def uses_chat_template(example: Example, cfg: DataConfig) -> bool:
@@ -219,7 +224,7 @@ def _render_trl(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataC
         raise DataError(f"{example.place}: message {unweighted} is marked as context (weight 0, or loss/train: false), "
                         "but TRL trains every assistant turn "
                         "(data.template=trl); use data.template=chat, which keeps it out of the loss.")
-    chat = ChatTemplate(tokenizer, example.place, example.tools, template_options(example, cfg))
+    chat = _chat(tokenizer, example, cfg)
     chat.check_rendered(messages)
     if example.kind == "messages":
         if cfg.train_on == "completion":
