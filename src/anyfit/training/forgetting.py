@@ -262,7 +262,7 @@ def watch_base(parts: Parts, resumed: bool) -> Forgetting:
     """Set-up, before the first update: the training loss (anchored with ``train.base_kl_weight``) and the base_kl
     watch. ``resumed``: the run continues a checkpoint (the base's top-k is read from the run folder, never computed
     from the resumed weights)."""
-    return Forgetting(training_loss(parts.cfg, parts.bare, parts.loss_fn, parts.split), set_up_watch(parts, resumed))
+    return Forgetting(training_loss(parts.cfg, parts.bare, parts.loss_fn), set_up_watch(parts, resumed))
 
 
 def set_up_watch(parts: Parts, resumed: bool) -> BaseWatch | None:
@@ -274,10 +274,7 @@ def set_up_watch(parts: Parts, resumed: bool) -> BaseWatch | None:
     if asked is False:
         return None
     lora = cfg.lora.enabled or cfg.lora.qlora
-    if split.active:
-        if asked:
-            raise ConfigError("train.watch_base is not available with runtime.sequence_parallel > 1 yet; set "
-                              "train.watch_base=false.")
+    if split.active:  # train.watch_base=true is refused with the split (hardware.runtime.sequence_parallel_problem)
         say("[anyfit] base_kl: off (not available with sequence parallel yet)")
         return None
     text = held_out_text(cfg, parts.tokenizer, parts.data.eval_examples)
@@ -324,13 +321,11 @@ def set_up_watch(parts: Parts, resumed: bool) -> BaseWatch | None:
                      top.rest is None, say)
 
 
-def training_loss(cfg: Config, bare, loss_fn, split):
+def training_loss(cfg: Config, bare, loss_fn):
     """The training step's ``loss_fn``: ``loss_fn`` itself, or with ``train.base_kl_weight`` > 0 the anchored loss
-    (LoRA only; refused elsewhere by the config's checks)."""
+    (LoRA only, and never with a sequence split: refused by the config's checks and
+    ``hardware.runtime.sequence_parallel_problem``)."""
     weight = cfg.train.base_kl_weight
     if not weight:
         return loss_fn
-    if split.active:
-        raise ConfigError("train.base_kl_weight > 0 is not available with runtime.sequence_parallel > 1 yet; set "
-                          "train.base_kl_weight=0.")
-    return split.loss(anchored_loss(bare, weight, cfg.train.loss_chunk_tokens))
+    return anchored_loss(bare, weight, cfg.train.loss_chunk_tokens)

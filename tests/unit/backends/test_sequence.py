@@ -85,7 +85,11 @@ def _cfg(*items: str):
     (["runtime.sequence_parallel=2", "runtime.sharding=deepspeed"], 2, (4, 2), "sharding=fsdp or none"),
     (["runtime.sequence_parallel=2", "model.attn_implementation=eager"], 2, (4, 2), "(T x T) mask"),
     (["runtime.sequence_parallel=2", "eval.generate_at_end=true"], 2, (4, 2), "anyfit eval"),
-], ids=["one-process", "processes", "heads", "no-degree", "zero3", "eager", "generation"])
+    (["runtime.sequence_parallel=2", "lora.enabled=true", "train.watch_base=true", "eval.every=5"], 2, (4, 2),
+     "watch_base=false"),
+    (["runtime.sequence_parallel=2", "lora.enabled=true", "train.base_kl_weight=0.1"], 2, (4, 2),
+     "base_kl_weight=0"),
+], ids=["one-process", "processes", "heads", "no-degree", "zero3", "eager", "generation", "base-kl", "anchor"])
 def test_what_cannot_be_split_is_one_line_with_what_would_work(items, processes, heads, needle):
     problem = sequence_parallel_problem(_cfg(*items), processes, *heads)
     assert needle in problem and "\n" not in problem, problem
@@ -95,6 +99,8 @@ def test_splits_that_run_are_not_refused():
     assert sequence_parallel_problem(_cfg(), 1, 4, 2) == ""
     assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=4"), 8, 32, 2) == ""  # kv heads replicated
     assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=2", "runtime.sharding=fsdp"), 2, 4, 2) == ""
+    # base_kl's 'auto' is turned off under a split with a printed line, not refused
+    assert sequence_parallel_problem(_cfg("runtime.sequence_parallel=2", "lora.enabled=true"), 2, 4, 2) == ""
 
 
 def test_the_run_takes_its_degree_from_the_config_or_the_plan_and_says_why(tiny_llama_dir):
