@@ -8,6 +8,22 @@ import re
 
 from anyfit.data.readers import DataError, Records
 
+# What a run logs per source in metrics.jsonl, each as ``<metric>/<source name>`` (``source_key``): the step's loss and
+# its trained tokens, the validation loss. The report and loss.png draw the losses as curves.
+SOURCE_METRICS = ("loss", "trainable_tokens", "val_loss")
+SOURCE_CURVES = ("loss", "val_loss")
+
+
+def source_key(metric: str, name: str) -> str:
+    """The metrics.jsonl key of ``metric`` (one of ``SOURCE_METRICS``) for the source ``name``."""
+    return f"{metric}/{name}"
+
+
+def curve_prefixes() -> tuple[str, ...]:
+    """The prefixes of the per-source keys drawn as curves (``loss/``, ``val_loss/``)."""
+    return tuple(source_key(m, "") for m in SOURCE_CURVES)
+
+
 # More distinct values than this is not a source column (an id, a free-text field): a metric per value would bury
 # the run's metrics, so the build stops and says so.
 MAX_SOURCES = 64

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from anyfit.config import ConfigError
+from anyfit.data.source_names import source_key
 from anyfit.faults import os_problem
 from anyfit.hardware.memory import peak_bytes
 from anyfit.units import GIB
@@ -217,8 +218,8 @@ class StepMeter:
         out: dict[str, Any] = {}
         for name, total, n in zip(self.sources, sums, tokens.tolist()):
             if n:
-                out[f"loss/{name}"] = round(total / n, 6)
-            out[f"trainable_tokens/{name}"] = n
+                out[source_key("loss", name)] = round(total / n, 6)
+            out[source_key("trainable_tokens", name)] = n
         return out
 
     def _aux(self) -> torch.Tensor:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from anyfit.config import ConfigError
+from anyfit.data.source_names import curve_prefixes
 from anyfit.runfolder import METRICS, PLOT, read_metrics
 
 
@@ -60,4 +61,4 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
 
 def _source_keys(records: list[dict]) -> list[str]:
     """``loss/<name>`` and ``val_loss/<name>`` keys, in order of first appearance."""
-    return list(dict.fromkeys(k for r in records for k in r if k.startswith(("loss/", "val_loss/"))))
+    return list(dict.fromkeys(k for r in records for k in r if k.startswith(curve_prefixes())))

@@ -26,6 +26,7 @@ import yaml
 import anyfit
 from anyfit.config import ConfigError
 from anyfit.data.audit import audit_lines
+from anyfit.data.source_names import curve_prefixes, source_key
 from anyfit.durable import replacing
 from anyfit.runfolder import (
     LOCK,
@@ -215,11 +216,11 @@ def _curves(view: RunView) -> str:
                              y_floor=0.0))
     if view.series("grad_norm"):
         charts.append(line_chart("Gradient norm", [Series("gradient norm", view.series("grad_norm"))], "norm"))
-    sources = view.keys("loss/", "val_loss/")
+    sources = view.keys(*curve_prefixes())
     if sources:  # one line per source: training solid, validation with markers
         charts.append(line_chart("Loss per data source", [Series(k, view.series(k), markers=k.startswith("val_"))
                                                            for k in sources], "loss (mean per trained token)"))
-    if len(view.setting("data.mix") or []) > 1 and not view.keys("val_loss/"):
+    if len(view.setting("data.mix") or []) > 1 and not view.keys(source_key("val_loss", "")):
         notes.append(_missing("No validation loss per data source: it is measured on held-out records of each "
                               "data.mix source (eval.holdout and eval.every); eval.path holds no sources."))
     if view.series("base_kl"):

@@ -16,7 +16,7 @@ from tqdm.auto import tqdm
 
 from anyfit.backends import unwrapped
 from anyfit.data.batching import to_device
-from anyfit.data.source_names import loss_sources
+from anyfit.data.source_names import loss_sources, source_key
 from anyfit.evaluation.evaluate import generation_eval
 from anyfit.runfolder import write_generations
 from anyfit.training.parts import Parts
@@ -92,7 +92,8 @@ class InTrainingEval:
             names = loss_sources(self.data.eval_examples)  # data.mix with eval.holdout: per source too
             mean, per_source = validation_losses(self.parts, self.data.eval_examples, micro_batch, len(names))
             record["val_loss"] = round(mean, 6)
-            record.update({f"val_loss/{name}": round(v, 6) for name, v in zip(names, per_source) if v is not None})
+            record.update({source_key("val_loss", name): round(v, 6) for name, v in zip(names, per_source)
+                           if v is not None})
         if loss and self.watch is not None:  # drift from the base model (training.forgetting), beside val_loss
             kl = self.watch.measure(self.parts, micro_batch)
             record["base_kl"] = float(f"{kl:.6g}")  # significant digits: it starts at 0
