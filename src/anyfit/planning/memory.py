@@ -107,7 +107,7 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     tiled = setup.tiled_mlp
     mlp = rs * h if tiled else (3 if shape.gated_mlp else 1) * a * inter  # tiled: the MLP's input, nothing else
 
-    inputs = _linear_inputs(shape, setup, a, rs, casts)
+    inputs = linear_inputs(shape, setup, a, rs, casts)
     per_layer = 2 * norm + attention + mlp + inputs
 
     head = 4 * h + 4  # final norm's fp32 input copy
@@ -116,7 +116,7 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     return Activations(per_layer=per_layer, head=head, checkpoint_input=rs * h)
 
 
-def _linear_inputs(shape: ModelShape, setup: Setup, a: int, rs: int, casts: bool) -> float:
+def linear_inputs(shape: ModelShape, setup: Setup, a: int, rs: int, casts: bool) -> float:
     """Bytes per token per layer that the linear layers keep of their inputs (``activation_bytes``), grouped by the
     tensor they read (``count / layers`` modules per layer)."""
     full = setup.method == "full"
@@ -272,7 +272,7 @@ def offloaded_activation_bytes(shape: ModelShape, setup: Setup, tokens: int) -> 
     return int(tokens * (recomputed * act.checkpoint_input + (shape.num_layers - recomputed) * act.per_layer))
 
 
-def _activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_bytes: int,
+def activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_bytes: int,
                             head_trains: bool) -> tuple[int, int]:
     """(saved activations, logits and loss) of one micro-batch of ``tokens`` at the forward/backward peak."""
     a = BYTES[setup.precision]
@@ -333,7 +333,7 @@ def folded_expert_bytes(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     return (moe_layers - recomputed) * per_layer, 2 * per_layer
 
 
-def _forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_bytes: int, head_trains: bool,
+def forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_bytes: int, head_trains: bool,
                         notes: list[str]) -> int:
     """Bytes alive only around the forward/backward: autocast's weight copies, DDP buckets, FSDP's gathered
     layers and gradients in flight, QLoRA's dequantized weight."""
@@ -380,7 +380,7 @@ def _forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_by
     return transient
 
 
-def _host_bytes(shape: ModelShape, setup: Setup, loaded: float, sharded_state: int, tokens: int,
+def host_bytes(shape: ModelShape, setup: Setup, loaded: float, sharded_state: int, tokens: int,
                 notes: list[str]) -> int:
     """Host RAM of the machine: the model as read, before moving or sharding it, and what is offloaded there.
 
@@ -439,9 +439,9 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
                      f"1/{setup.sequence_parallel} of every sequence's activations and logits")
     if setup.tiled_mlp:
         notes.append("tiled MLP: each MLP keeps its input only; its intermediates are recomputed tile by tile")
-    activations, logits = _activations_and_logits(shape, setup, tokens, grad_bytes, head_trains)
+    activations, logits = activations_and_logits(shape, setup, tokens, grad_bytes, head_trains)
 
-    transient = _forward_transients(shape, setup, trainable, grad_bytes, head_trains, notes)
+    transient = forward_transients(shape, setup, trainable, grad_bytes, head_trains, notes)
     if setup.device == "cpu":
         notes.append("CPU: the runtime overhead includes ~0.25 GiB of glibc heap slack; on Linux, "
                      "MALLOC_MMAP_THRESHOLD_=131072 makes freed activations go back to the OS")
@@ -464,7 +464,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
         elif not setup.offload:
             accumulated = gradients
 
-    host = _host_bytes(shape, setup, loaded, n * (weights + gradients + optimizer + step_temp), tokens, notes)
+    host = host_bytes(shape, setup, loaded, n * (weights + gradients + optimizer + step_temp), tokens, notes)
     if setup.offload:  # the sharded state is in host RAM (counted there), the optimizer step runs on the CPU
         weights = gradients = optimizer = step_temp = 0
 

@@ -22,18 +22,7 @@ from typing import Any, NamedTuple
 
 from anyfit.hardware.runtime import EIGHT_BIT_OPTIMIZERS
 from anyfit.model.head import PLAIN_HEAD
-from anyfit.planning.memory import (
-    _activations_and_logits,
-    _forward_transients,
-    _host_bytes,
-    _linear_inputs,
-    activation_bytes,
-    estimate_memory,
-    offloaded_activation_bytes,
-    optimizer_state_bytes,
-)
 from anyfit.planning.setup import OPTIMIZER_NAMES, Setup
-from anyfit.planning.time import communication_seconds, flops_per_token, sequence_exchange_seconds, step_time
 
 # What each tier of the ladder holds (an option's tier is that of the costliest saver it adds to the config).
 TIERS = {
@@ -106,209 +95,173 @@ def checkpoint_every(values: Mapping[str, Any] | Option) -> int:
     return values["model.checkpoint_every"] if values["model.gradient_checkpointing"] else 0
 
 
+class Words(NamedTuple):
+    """A setup's use of one saver in the plan's words: its entries in the saver list, in the one-line description and
+    in the table's short labels, and what it adds to the configured option, each with whether that changes the run
+    or its GPUs (the verdict then reads "needs ..." rather than "fits with ...")."""
+
+    listed: tuple[str, ...] = ()
+    described: tuple[str, ...] = ()
+    short: tuple[str, ...] = ()
+    added: tuple[tuple[str, bool], ...] = ()
+
+
 @dataclass(frozen=True)
 class Saver:
-    """One row: config keys the ladder varies together. The base class is an on/off saver (one bool key, one Setup
-    field, ``words``); the savers with more values override the methods.
+    """One row: config keys the ladder varies together, and three functions of the row's own.
 
     ``tries(planner, trial)``: the values the ladder may try ({key: value} each, in the order it tries them; the
     planner is ``anyfit.planning.ladder.Planner``, whose ``asked`` holds the config's values as it plans them).
-    ``listed``, ``described``, ``short`` and ``settings``: the words of a ``Setup`` in the plan's saver list, its
-    one-line description, the table's short labels and the config keys to set. ``added(setup, configured)``: what
-    the plan adds to the configured option, in words, each with whether it changes the run or its GPUs (the verdict
-    then reads "needs ..." rather than "fits with ...")."""
+    ``words(setup, configured)``: the setup's use of the saver in words (``Words``; ``added`` against the configured
+    ``Option``, empty without one). ``settings(setup)``: the config keys that select it. ``on_off`` makes the row of
+    a saver that is one bool key."""
 
     name: str
     keys: tuple[str, ...]
     fields: tuple[str, ...]  # the Setup fields setup_for fills from the keys
     rungs: tuple[Rung, ...]  # the values the ladder may add, with their tiers
-    memory: tuple[Callable, ...]  # where anyfit.planning.memory counts it
-    time: tuple[Callable, ...]  # where anyfit.planning.time counts it
+    memory: tuple[str, ...]  # the functions of anyfit.planning.memory that count it
+    time: tuple[str, ...]  # the functions of anyfit.planning.time that count it
+    tries: Callable[[Any, Trial], list[dict[str, Any]]]
+    words: Callable[[Setup, Option | None], Words]
+    settings: Callable[[Setup], dict[str, Any]]
     hook: str = ""  # its model hook: a key of anyfit.model.savers.MODEL_HOOKS ('': not the model's)
-    words: tuple[str, str, str] = ("", "", "")  # an on/off saver's words: listed, described, short ('': none)
-    may_add: Callable[[Any, Trial], bool] = lambda planner, trial: True  # an on/off saver: where the ladder adds it
 
     def tier(self, values: Mapping[str, Any]) -> int:
         return max((rung.tier for rung in self.rungs if rung.uses(values)), default=0)
 
-    def tries(self, planner: Any, trial: Trial) -> list[dict[str, Any]]:
-        key = self.keys[0]  # a configured saver is kept; else the ladder may add it
-        values = (True,) if planner.asked[key] else (False, True) if self.may_add(planner, trial) else (False,)
+
+def on_off(name: str, key: str, rung: Rung, memory: tuple[str, ...], time: tuple[str, ...], words: tuple[str, str, str],
+           may_add: Callable[[Any, Trial], bool]) -> Saver:
+    """The row of a saver that is one bool key (its Setup field of the same name after the section): kept when
+    configured, else tried off and on where ``may_add``; ``words``: its entry in the saver list, the description and
+    the short labels ('': none)."""
+    field = key.split(".", 1)[1]
+
+    def tries(planner: Any, trial: Trial) -> list[dict[str, Any]]:
+        values = (True,) if planner.asked[key] else (False, True) if may_add(planner, trial) else (False,)
         return [{key: value} for value in values]
 
-    def on(self, s: Setup) -> bool:
-        return bool(getattr(s, self.fields[0]))
+    def said(s: Setup, configured: Option | None) -> Words:
+        if not getattr(s, field):
+            return Words()
+        listed, described, short = ((w,) if w else () for w in words)
+        return Words(listed, described, short, ((words[0], False),) if configured and not configured[key] else ())
 
-    def listed(self, s: Setup) -> list[str]:
-        return [self.words[0]] if self.on(s) and self.words[0] else []
-
-    def described(self, s: Setup) -> list[str]:
-        return [self.words[1]] if self.on(s) and self.words[1] else []
-
-    def short(self, s: Setup) -> list[str]:
-        return [self.words[2]] if self.on(s) and self.words[2] else []
-
-    def settings(self, s: Setup) -> dict[str, Any]:
-        return {self.keys[0]: True} if self.on(s) else {}
-
-    def added(self, s: Setup, configured: Option) -> list[tuple[str, bool]]:
-        return [(self.words[0], False)] if self.on(s) and not configured[self.keys[0]] else []
+    return Saver(name, (key,), (field,), (rung,), memory, time, tries, said,
+                 lambda s: {key: True} if getattr(s, field) else {}, hook=key)
 
 
-@dataclass(frozen=True)
-class SequenceSplit(Saver):
-    """runtime.sequence_parallel: the degree each sequence is split over (1: not split)."""
-
-    def tries(self, planner: Any, trial: Trial) -> list[dict[str, Any]]:
-        return [{"runtime.sequence_parallel": d} for d in planner.sp_degrees(trial.processes)]
-
-    def listed(self, s: Setup) -> list[str]:
-        return [f"sequence parallel over {s.sequence_parallel}"] if s.sequence_parallel > 1 else []
-
-    def described(self, s: Setup) -> list[str]:
-        return [f"each sequence over {s.sequence_parallel} processes"] if s.sequence_parallel > 1 else []
-
-    def short(self, s: Setup) -> list[str]:
-        return []
-
-    def settings(self, s: Setup) -> dict[str, Any]:
-        return {"runtime.sequence_parallel": s.sequence_parallel} if s.sequence_parallel > 1 else {}
-
-    def added(self, s: Setup, configured: Option) -> list[tuple[str, bool]]:
-        if s.sequence_parallel == configured["runtime.sequence_parallel"]:
-            return []
-        return [(f"sequence parallelism over {s.sequence_parallel} GPUs", True)]
+def _split_tries(planner: Any, trial: Trial) -> list[dict[str, Any]]:
+    return [{"runtime.sequence_parallel": d} for d in planner.sp_degrees(trial.processes)]
 
 
-@dataclass(frozen=True)
-class OptimizerChoice(Saver):
-    """train.optimizer: 8-bit states (cheap) or Adafactor (a tier of its own) instead of AdamW."""
+def _split_words(s: Setup, configured: Option | None) -> Words:
+    if s.sequence_parallel <= 1:
+        return Words()
+    added = () if configured is None or s.sequence_parallel == configured["runtime.sequence_parallel"] else (
+        (f"sequence parallelism over {s.sequence_parallel} GPUs", True),)
+    return Words((f"sequence parallel over {s.sequence_parallel}",),
+                 (f"each sequence over {s.sequence_parallel} processes",), (), added)
 
-    def tries(self, planner: Any, trial: Trial) -> list[dict[str, Any]]:
-        configured = planner.asked["train.optimizer"]
-        if configured != "adamw" or trial.method != "full":  # a configured optimizer is kept; LoRA states are tiny
-            names = [configured]
-        else:
-            names = ["adamw"] + (["adamw_8bit"] if planner.cuda else []) + ["adafactor"]
-        return [{"train.optimizer": name} for name in names]
 
-    def listed(self, s: Setup) -> list[str]:
-        return [OPTIMIZER_NAMES[s.optimizer]] if s.optimizer != "adamw" else []
+def _optimizer_tries(planner: Any, trial: Trial) -> list[dict[str, Any]]:
+    configured = planner.asked["train.optimizer"]
+    if configured != "adamw" or trial.method != "full":  # a configured optimizer is kept; LoRA states are tiny
+        names = [configured]
+    else:
+        names = ["adamw"] + (["adamw_8bit"] if planner.cuda else []) + ["adafactor"]
+    return [{"train.optimizer": name} for name in names]
 
-    def described(self, s: Setup) -> list[str]:
-        return [OPTIMIZER_NAMES[s.optimizer]]
 
-    def short(self, s: Setup) -> list[str]:
-        labels = {"adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit", "adafactor": "Adafactor"}
-        return [labels[s.optimizer]] if s.optimizer != "adamw" else []
-
-    def settings(self, s: Setup) -> dict[str, Any]:
-        return {"train.optimizer": s.optimizer}
-
-    def added(self, s: Setup, configured: Option) -> list[tuple[str, bool]]:
+def _optimizer_words(s: Setup, configured: Option | None) -> Words:
+    labels = {"adamw_8bit": "8-bit", "paged_adamw_8bit": "paged 8-bit", "adafactor": "Adafactor"}
+    changed = s.optimizer != "adamw"
+    added: tuple[tuple[str, bool], ...] = ()
+    if configured is not None:
         was = configured["train.optimizer"]
         if s.optimizer == "adafactor" and was != "adafactor":
-            return [("Adafactor", True)]
-        if s.optimizer in EIGHT_BIT_OPTIMIZERS and was not in EIGHT_BIT_OPTIMIZERS:
-            return [(OPTIMIZER_NAMES[s.optimizer], False)]
-        return []
+            added = (("Adafactor", True),)
+        elif s.optimizer in EIGHT_BIT_OPTIMIZERS and was not in EIGHT_BIT_OPTIMIZERS:
+            added = ((OPTIMIZER_NAMES[s.optimizer], False),)
+    return Words((OPTIMIZER_NAMES[s.optimizer],) if changed else (), (OPTIMIZER_NAMES[s.optimizer],),
+                 (labels[s.optimizer],) if changed else (), added)
 
 
-@dataclass(frozen=True)
-class Sharding(Saver):
-    """runtime.sharding, runtime.fsdp_offload and runtime.fsdp_reduce_every_micro_batch, tried as one: FSDP2's full
-    shard (cheap), its CPU offload (a tier of its own), and with either a reduce-scatter every micro-batch."""
+def _sharding_tries(planner: Any, trial: Trial) -> list[dict[str, Any]]:
+    """FSDP2's full shard (cheap), its CPU offload (a tier of its own), and with either a reduce-scatter every
+    micro-batch."""
+    shardings = trial.shardings or {"none": ("none",), "fsdp": ("fsdp",), "offload": ("offload",)}.get(
+        planner.sharding_mode,
+        ("none",) + (("fsdp",) if trial.processes > 1 else ()) + (("offload",) if planner.cuda else ()))
+    optimizer = trial.chosen["train.optimizer"]
+    # What the loop would refuse is left out: sharding with fp16, generation eval or Adafactor (its in-place
+    # row/column norms do not run on sharded weights), on MPS, or of QLoRA; and 8-bit states with CPU offload
+    # (bitsandbytes' kernels need the states on the GPU).
+    allowed = [sh for sh in shardings if (sh == "none" or not planner.blocker(trial.method, optimizer))
+               and not (sh == "offload" and optimizer in EIGHT_BIT_OPTIMIZERS)]
+    out = []
+    for sh in allowed or ["none"]:  # a configured sharding the loop would refuse: planned unsharded (and noted)
+        configured_reduce = planner.asked["runtime.fsdp_reduce_every_micro_batch"]
+        for reduce in (False,) if sh == "none" else (True,) if configured_reduce else (False, True):
+            out.append({"runtime.sharding": "none" if sh == "none" else "fsdp",
+                        "runtime.fsdp_offload": sh == "offload", "runtime.fsdp_reduce_every_micro_batch": reduce})
+    return out
 
-    def tries(self, planner: Any, trial: Trial) -> list[dict[str, Any]]:
-        shardings = trial.shardings or {"none": ("none",), "fsdp": ("fsdp",), "offload": ("offload",)}.get(
-            planner.sharding_mode,
-            ("none",) + (("fsdp",) if trial.processes > 1 else ()) + (("offload",) if planner.cuda else ()))
-        optimizer = trial.chosen["train.optimizer"]
-        # What the loop would refuse is left out: sharding with fp16, generation eval or Adafactor (its in-place
-        # row/column norms do not run on sharded weights), on MPS, or of QLoRA; and 8-bit states with CPU offload
-        # (bitsandbytes' kernels need the states on the GPU).
-        allowed = [sh for sh in shardings if (sh == "none" or not planner.blocker(trial.method, optimizer))
-                   and not (sh == "offload" and optimizer in EIGHT_BIT_OPTIMIZERS)]
-        out = []
-        for sh in allowed or ["none"]:  # a configured sharding the loop would refuse: planned unsharded (and noted)
-            configured_reduce = planner.asked["runtime.fsdp_reduce_every_micro_batch"]
-            for reduce in (False,) if sh == "none" else (True,) if configured_reduce else (False, True):
-                out.append({"runtime.sharding": "none" if sh == "none" else "fsdp",
-                            "runtime.fsdp_offload": sh == "offload", "runtime.fsdp_reduce_every_micro_batch": reduce})
-        return out
 
-    def listed(self, s: Setup) -> list[str]:
-        out = [f"CPU offload (FSDP over {s.processes})"] if s.offload else [f"sharding over {s.processes}"] \
-            if s.fsdp else []
-        return out + (["reduce-scatter every micro-batch"] if s.reduces_every_micro_batch else [])
-
-    def described(self, s: Setup) -> list[str]:
-        if not s.fsdp:
-            return []
-        return [f"FSDP over {s.processes}" + (" with CPU offload" if s.offload else "")
-                + (", reduce-scatter every micro-batch" if s.reduces_every_micro_batch else "")]
-
-    def short(self, s: Setup) -> list[str]:
-        return [f"offload/{s.processes}"] if s.offload else [f"FSDP/{s.processes}"] if s.fsdp else []
-
-    def settings(self, s: Setup) -> dict[str, Any]:
-        out = {"runtime.sharding": "fsdp" if s.fsdp else "none", "runtime.fsdp_offload": s.offload}
-        return out | ({"runtime.fsdp_reduce_every_micro_batch": True} if s.reduces_every_micro_batch else {})
-
-    def added(self, s: Setup, configured: Option) -> list[tuple[str, bool]]:
-        out = []
+def _sharding_words(s: Setup, configured: Option | None) -> Words:
+    reduce = ("reduce-scatter every micro-batch",) if s.reduces_every_micro_batch else ()
+    listed = ((f"CPU offload (FSDP over {s.processes})",) if s.offload else (f"sharding over {s.processes}",)
+              if s.fsdp else ()) + reduce
+    described = (f"FSDP over {s.processes}" + (" with CPU offload" if s.offload else "")
+                 + (", reduce-scatter every micro-batch" if s.reduces_every_micro_batch else ""),) if s.fsdp else ()
+    short = (f"offload/{s.processes}",) if s.offload else (f"FSDP/{s.processes}",) if s.fsdp else ()
+    added: list[tuple[str, bool]] = []
+    if configured is not None:
         was = "offload" if configured["runtime.fsdp_offload"] else configured["runtime.sharding"]
         now = "offload" if s.offload else ("fsdp" if s.fsdp else "none")
         if now != was or s.processes != configured.processes:
             if s.offload:
-                out.append((f"CPU offload (FSDP over {s.processes} GPU{'s' if s.processes > 1 else ''})", True))
+                added.append((f"CPU offload (FSDP over {s.processes} GPU{'s' if s.processes > 1 else ''})", True))
             elif s.fsdp:
-                out.append((f"sharding over {s.processes} GPUs", True))
+                added.append((f"sharding over {s.processes} GPUs", True))
         if s.reduces_every_micro_batch and not configured["runtime.fsdp_reduce_every_micro_batch"]:
-            out.append(("reduce-scatter every micro-batch", False))
-        return out
+            added.append(("reduce-scatter every micro-batch", False))
+    return Words(listed, described, short, tuple(added))
 
 
-@dataclass(frozen=True)
-class Checkpointing(Saver):
-    """model.gradient_checkpointing with model.checkpoint_every: every 4th, 2nd or every layer recomputed."""
+def _sharding_settings(s: Setup) -> dict[str, Any]:
+    out = {"runtime.sharding": "fsdp" if s.fsdp else "none", "runtime.fsdp_offload": s.offload}
+    return out | ({"runtime.fsdp_reduce_every_micro_batch": True} if s.reduces_every_micro_batch else {})
 
-    def tries(self, planner: Any, trial: Trial) -> list[dict[str, Any]]:
-        configured = checkpoint_every(planner.asked)
-        levels = [configured] + [k for k in CKPT_LEVELS if k < configured] if configured else [0, *CKPT_LEVELS]
-        seen, out = set(), []
-        for k in levels:  # every 4 and every 2 recompute the same layers of a 2-layer model
-            layers = len(range(0, planner.shape.num_layers, k)) if k else 0
-            if layers not in seen:
-                seen.add(layers)
-                out.append(checkpointing(k))
-        return out
 
-    def listed(self, s: Setup) -> list[str]:
-        if not s.gradient_checkpointing:
-            return []
-        return ["checkpointing every layer" if s.checkpoint_every == 1
-                else f"checkpointing every {s.checkpoint_every} layers"]
+def _checkpointing_tries(planner: Any, trial: Trial) -> list[dict[str, Any]]:
+    """Every 4th, 2nd or every layer recomputed; a configured level may only get denser."""
+    configured = checkpoint_every(planner.asked)
+    levels = [configured] + [k for k in CKPT_LEVELS if k < configured] if configured else [0, *CKPT_LEVELS]
+    seen, out = set(), []
+    for k in levels:  # every 4 and every 2 recompute the same layers of a 2-layer model
+        layers = len(range(0, planner.shape.num_layers, k)) if k else 0
+        if layers not in seen:
+            seen.add(layers)
+            out.append(checkpointing(k))
+    return out
 
-    def described(self, s: Setup) -> list[str]:
-        if not s.gradient_checkpointing:
-            return []
-        return ["gradient checkpointing" + ("" if s.checkpoint_every == 1 else f" every {s.checkpoint_every} layers")]
 
-    def short(self, s: Setup) -> list[str]:
-        if not s.gradient_checkpointing:
-            return []
-        return ["ckpt" if s.checkpoint_every == 1 else f"ckpt/{s.checkpoint_every}"]
+def _checkpointing_words(s: Setup, configured: Option | None) -> Words:
+    k = s.checkpoint_every if s.gradient_checkpointing else 0
+    added = () if configured is None or k == checkpoint_every(configured) else (
+        ("gradient checkpointing" if k == 1 else f"checkpointing every {k} layers", False),)
+    if not k:
+        return Words(added=added)
+    return Words(("checkpointing every layer" if k == 1 else f"checkpointing every {k} layers",),
+                 ("gradient checkpointing" + ("" if k == 1 else f" every {k} layers"),),
+                 ("ckpt" if k == 1 else f"ckpt/{k}",), added)
 
-    def settings(self, s: Setup) -> dict[str, Any]:
-        return {"model.gradient_checkpointing": s.gradient_checkpointing} | (
-            {"model.checkpoint_every": s.checkpoint_every} if s.gradient_checkpointing else {})
 
-    def added(self, s: Setup, configured: Option) -> list[tuple[str, bool]]:
-        k = s.checkpoint_every if s.gradient_checkpointing else 0
-        if k == checkpoint_every(configured):
-            return []
-        return [("gradient checkpointing" if k == 1 else f"checkpointing every {k} layers", False)]
+def _checkpointing_settings(s: Setup) -> dict[str, Any]:
+    return {"model.gradient_checkpointing": s.gradient_checkpointing} | (
+        {"model.checkpoint_every": s.checkpoint_every} if s.gradient_checkpointing else {})
 
 
 def _full_checkpointing(planner: Any, trial: Trial) -> bool:
@@ -318,22 +271,24 @@ def _full_checkpointing(planner: Any, trial: Trial) -> bool:
 # In the order the ladder tries them: the savers each depends on come first (sharding on the optimizer, activation
 # offload and the tiled MLP on checkpointing); within a tier, ties go to the earlier combination.
 SAVERS: tuple[Saver, ...] = (
-    SequenceSplit(
+    Saver(
         "sequence_parallel", ("runtime.sequence_parallel",), ("sequence_parallel",),
         (Rung("sequence parallelism", "runtime.sequence_parallel: auto", 1,
               "over N of the GPUs: each holds 1/N of every sequence, for all-to-alls in every layer and N times fewer "
               "data-parallel groups (DeepSpeed's Ulysses attention)",
               lambda v: isinstance(v["runtime.sequence_parallel"], int) and v["runtime.sequence_parallel"] > 1),),
-        memory=(estimate_memory, activation_bytes), time=(sequence_exchange_seconds,)),
-    OptimizerChoice(
+        ("estimate_memory", "activation_bytes"), ("sequence_exchange_seconds",), _split_tries, _split_words,
+        lambda s: {"runtime.sequence_parallel": s.sequence_parallel} if s.sequence_parallel > 1 else {}),
+    Saver(
         "optimizer", ("train.optimizer",), ("optimizer",),
         (Rung("8-bit AdamW", "train.optimizer: adamw_8bit", 0,
               "CUDA: 6 of AdamW's 8 bytes of state per parameter, results matching 32-bit AdamW (Dettmers et al. "
               "2022, \"8-bit Optimizers via Block-wise Quantization\")"),
          Rung("Adafactor", "train.optimizer: adafactor", 3,
               "no first moment and factored second moments, relative step sizes: a fraction of AdamW's state")),
-        memory=(optimizer_state_bytes,), time=(step_time,)),
-    Sharding(
+        ("optimizer_state_bytes",), ("step_time",), _optimizer_tries, _optimizer_words,
+        lambda s: {"train.optimizer": s.optimizer}),
+    Saver(
         "sharding", ("runtime.sharding", "runtime.fsdp_offload", "runtime.fsdp_reduce_every_micro_batch"),
         ("fsdp", "offload", "fsdp_unsharded_accumulation"),
         (Rung("FSDP sharding", "runtime.sharding: fsdp", 0,
@@ -345,39 +300,35 @@ SAVERS: tuple[Saver, ...] = (
          Rung("CPU offload", "runtime.fsdp_offload: true", 2,
               "FSDP2's shards in host RAM: every weight crosses PCIe twice per micro-batch and the optimizer runs on "
               "the CPU")),
-        memory=(estimate_memory, _forward_transients, _host_bytes), time=(communication_seconds,)),
-    Checkpointing(
+        ("estimate_memory", "forward_transients", "host_bytes"), ("communication_seconds",), _sharding_tries,
+        _sharding_words, _sharding_settings),
+    Saver(
         "checkpointing", ("model.gradient_checkpointing", "model.checkpoint_every"),
         ("gradient_checkpointing", "checkpoint_every"),
         (Rung("checkpointing every 4th, 2nd or every layer", "model.gradient_checkpointing: true", 0,
               "keeps only each checkpointed layer's input, for the forward of that share of the layers again (1/3 "
               "of a full fine-tuning step, 1/2 with a frozen LoRA base)"),),
-        memory=(activation_bytes, _activations_and_logits), time=(flops_per_token,),
-        hook="model.gradient_checkpointing"),
-    Saver(
-        "activation_offload", ("model.activation_offload",), ("activation_offload",),
-        (Rung("activation offload", "model.activation_offload: true", 0,
-              "CUDA, with checkpointing every layer: the layer inputs checkpointing keeps go to host RAM, for two PCIe "
-              "copies per micro-batch (long sequences: what checkpointing alone cannot bring down)"),),
-        memory=(_activations_and_logits, offloaded_activation_bytes), time=(step_time,),
-        hook="model.activation_offload", words=("activation offload", "", "act-offload"),
-        may_add=lambda planner, trial: planner.cuda and _full_checkpointing(planner, trial)),
-    Saver(
-        "tiled_mlp", ("model.tiled_mlp",), ("tiled_mlp",),
-        (Rung("tiled MLP", "model.tiled_mlp: true", 0,
-              "with checkpointing every layer: the recomputed layer's MLP intermediates exist one tile at a time "
-              "(long sequences), for one more MLP forward"),),
-        memory=(activation_bytes, _linear_inputs), time=(flops_per_token,),
-        hook="model.tiled_mlp", words=("tiled MLP", "tiled MLP", ""), may_add=_full_checkpointing),
-    Saver(
-        "fused_loss", ("train.fused_loss",), ("fused_loss",),
-        (Rung("fused loss", "train.fused_loss: true", 0,
-              "no logits of all trained positions, for one more head matmul per token (models whose logits are the "
-              "head's output as it is)"),),
-        memory=(_activations_and_logits,), time=(flops_per_token,),
-        hook="train.fused_loss", words=("fused loss", "fused head and loss", ""),
-        may_add=lambda planner, trial: (planner.shape.model_type in PLAIN_HEAD
-                                        and planner.cfg.train.loss_chunk_tokens > 0)),
+        ("activation_bytes", "activations_and_logits"), ("flops_per_token",), _checkpointing_tries,
+        _checkpointing_words, _checkpointing_settings, hook="model.gradient_checkpointing"),
+    on_off("activation_offload", "model.activation_offload",
+           Rung("activation offload", "model.activation_offload: true", 0,
+                "CUDA, with checkpointing every layer: the layer inputs checkpointing keeps go to host RAM, for two "
+                "PCIe copies per micro-batch (long sequences: what checkpointing alone cannot bring down)"),
+           ("activations_and_logits", "offloaded_activation_bytes"), ("step_time",),
+           ("activation offload", "", "act-offload"),
+           lambda planner, trial: planner.cuda and _full_checkpointing(planner, trial)),
+    on_off("tiled_mlp", "model.tiled_mlp",
+           Rung("tiled MLP", "model.tiled_mlp: true", 0,
+                "with checkpointing every layer: the recomputed layer's MLP intermediates exist one tile at a time "
+                "(long sequences), for one more MLP forward"),
+           ("activation_bytes", "linear_inputs"), ("flops_per_token",), ("tiled MLP", "tiled MLP", ""),
+           _full_checkpointing),
+    on_off("fused_loss", "train.fused_loss",
+           Rung("fused loss", "train.fused_loss: true", 0,
+                "no logits of all trained positions, for one more head matmul per token (models whose logits are the "
+                "head's output as it is)"),
+           ("activations_and_logits",), ("flops_per_token",), ("fused loss", "fused head and loss", ""),
+           lambda planner, trial: (planner.shape.model_type in PLAIN_HEAD and planner.cfg.train.loss_chunk_tokens > 0)),
 )
 BY_NAME = {saver.name: saver for saver in SAVERS}
 
@@ -386,34 +337,32 @@ BY_NAME = {saver.name: saver for saver in SAVERS}
 METHODS = {"lora": ("LoRA", "lora.enabled: true", "a frozen base: the adapters' gradients and states only"),
            "qlora": ("QLoRA", "lora.qlora: true", "CUDA: the frozen base in 4 bits")}
 
-# The order each text names the savers in (not the order tried): the plan's saver list, the table's short labels and
-# the verdict (what the plan adds to the config: first what changes the run or its GPUs, then the rest) name the
-# sharding first and the sequence split last; the one-line description starts with the optimizer; the config keys
-# start with the model's.
-LISTED = ("sharding", "optimizer", "checkpointing", "activation_offload", "tiled_mlp", "fused_loss",
-          "sequence_parallel")
-DESCRIBED = ("optimizer", "checkpointing", "sharding", "activation_offload", "tiled_mlp", "fused_loss",
-             "sequence_parallel")
-CONFIGURED = ("checkpointing", "activation_offload", "tiled_mlp", "fused_loss", "sequence_parallel", "optimizer",
-              "sharding")
+# The order every text names the savers in (the ladder tries them in SAVERS' order): the plan's saver list, its
+# one-line description, the table's short labels, the config keys and the verdict (what the plan adds to the
+# config: first what changes the run or its GPUs, then the rest) name the sharding first and the sequence split last.
+SHOWN = ("sharding", "optimizer", "checkpointing", "activation_offload", "tiled_mlp", "fused_loss", "sequence_parallel")
+
+
+def _said(s: Setup, configured: Option | None = None) -> list[Words]:
+    return [BY_NAME[name].words(s, configured) for name in SHOWN]
 
 
 def saver_words(s: Setup) -> list[str]:
     """The memory savers ``s`` uses, in words."""
-    return [word for name in LISTED for word in BY_NAME[name].listed(s)]
+    return [word for words in _said(s) for word in words.listed]
 
 
 def short_words(s: Setup) -> str:
     """The savers for the plan's table, abbreviated (the notes and --json spell them out)."""
-    return " ".join(word for name in LISTED for word in BY_NAME[name].short(s)) or "-"
+    return " ".join(word for words in _said(s) for word in words.short) or "-"
 
 
 def describe(s: Setup) -> str:
-    """``s`` in one line: method, precision, batch split, sequence length, optimizer and savers."""
+    """``s`` in one line: method, precision, batch split, sequence length, and the savers (the optimizer among them)."""
     what = {"full": "full fine-tuning", "lora": f"LoRA r={s.lora_r}", "qlora": f"QLoRA r={s.lora_r}"}
     parts = [what[s.method], s.precision, f"micro {s.micro_batch} x accum {s.accumulation} x procs {s.processes}",
              f"seq {s.seq_len}"]
-    return ", ".join(parts + [word for name in DESCRIBED for word in BY_NAME[name].described(s)])
+    return ", ".join(parts + [word for words in _said(s) for word in words.described])
 
 
 def config_overrides(s: Setup) -> list[str]:
@@ -423,7 +372,7 @@ def config_overrides(s: Setup) -> list[str]:
         out.append("lora.qlora=true")
         if not s.qlora_upcast:
             out.append("lora.qlora_upcast=false")
-    for name in CONFIGURED:
+    for name in SHOWN:
         out += [f"{key}={str(value).lower() if isinstance(value, bool) else value}"
                 for key, value in BY_NAME[name].settings(s).items()]
     return out + [f"train.micro_batch={s.micro_batch}"]
@@ -433,8 +382,7 @@ def verdict_for(s: Setup, configured: Option) -> str:
     """'fits', 'fits with <savers that keep the run and its GPUs>' (checkpointing, 8-bit states, ...) or 'needs <the
     biggest change>[ with <the other savers>]', naming what ``s`` adds to the configured option."""
     changes = [(METHODS[s.method][0], True)] if s.method != configured.method and s.method in METHODS else []
-    for name in LISTED:
-        changes += BY_NAME[name].added(s, configured)
+    changes += [change for words in _said(s, configured) for change in words.added]
     needs = [word for word, big in changes if big]
     cheap = [word for word, big in changes if not big]
     if not needs:

@@ -14,11 +14,9 @@ from anyfit.model.savers import MODEL_HOOKS
 from anyfit.planning import memory, time
 from anyfit.planning.savers import (
     BY_NAME,
-    CONFIGURED,
-    DESCRIBED,
-    LISTED,
     METHODS,
     SAVERS,
+    SHOWN,
     Option,
     config_overrides,
     ladder_markdown,
@@ -60,8 +58,7 @@ def test_setup_for_reads_each_key_into_the_rows_fields(saver):
 
 
 def test_every_text_names_every_row_once():
-    for order in (LISTED, DESCRIBED, CONFIGURED):
-        assert sorted(order) == sorted(BY_NAME)
+    assert sorted(SHOWN) == sorted(BY_NAME)
 
 
 def test_the_model_hooks_are_the_rows_hooks():
@@ -71,8 +68,8 @@ def test_the_model_hooks_are_the_rows_hooks():
 
 def test_the_estimate_terms_are_the_models_functions():
     for saver in SAVERS:
-        assert saver.memory and all(getattr(memory, f.__name__) is f for f in saver.memory), saver.name
-        assert saver.time and all(getattr(time, f.__name__) is f for f in saver.time), saver.name
+        assert saver.memory and all(callable(getattr(memory, name, None)) for name in saver.memory), saver.name
+        assert saver.time and all(callable(getattr(time, name, None)) for name in saver.time), saver.name
 
 
 def test_the_config_keys_a_plan_prints_select_its_setup():
