@@ -70,25 +70,25 @@ def generation_args(p: argparse.ArgumentParser, max_new_tokens: int | None) -> N
 
 
 def cmd_generate(args) -> int:
+    from anyfit.data.templates import PromptLayout  # start-up time: transformers
     from anyfit.evaluation.inference import GenerationParams, make_backend  # start-up time: torch, transformers
 
     prompts = list(args.prompt) + (read_prompts(args.file) if args.file else [])
     if not prompts:
         raise ConfigError("No prompts: give --prompt TEXT (repeatable) or --file FILE (one per line, or JSONL "
                           "with a 'prompt' field).")
-    template, system_prompt, options = "chat", args.system_prompt, {}
+    layout = PromptLayout(system_prompt=args.system_prompt)
     run_config = run_config_path(args.model) if Path(args.model).is_dir() else None
     if run_config is not None and not args.raw:  # prompts laid out as the run laid out its training prompts
         trained = load_config(None, [], base=run_config, echo=lambda line: print(line, file=sys.stderr)).data
-        template, system_prompt = trained.template, system_prompt or trained.system_prompt
-        options = dict(trained.chat_template_kwargs)
-        print(f"[anyfit] generate: data.template={template!r}"
+        layout = PromptLayout.of(trained, system_prompt=args.system_prompt or trained.system_prompt)
+        options = layout.options
+        print(f"[anyfit] generate: data.template={layout.template!r}"
               f"{f' with data.chat_template_kwargs={options}' if options else ''} as in the training run",
               file=sys.stderr)
     try:
         params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                                  seed=args.seed, stop=tuple(args.stop), chat=not args.raw, template=template,
-                                  system_prompt=system_prompt, chat_template_kwargs=options)
+                                  seed=args.seed, stop=tuple(args.stop), chat=not args.raw, layout=layout)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     backend = make_backend(args.model, args.backend, args.device, args.batch_size, merge_lora=args.merge_lora,

@@ -46,9 +46,10 @@ Which ``data.template`` values exist is checked once, with the config (``anyfit.
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Union
 
 from anyfit.config import DataConfig
 from anyfit.data.answers import example_gold
@@ -56,7 +57,7 @@ from anyfit.data.chat import ChatTemplate, Segment, TemplateOptions, chat_parts,
 from anyfit.data.formats import Example, Message
 from anyfit.data.sources import DataError
 
-__all__ = ["Segment", "Rendering", "Joined", "TemplateMasked", "Rendered", "MissingAnswer", "render", "render_prompt",
+__all__ = ["Segment", "Rendering", "PromptLayout", "Joined", "TemplateMasked", "Rendered", "MissingAnswer", "render", "render_prompt",
            "uses_chat_template", "generation_template", "default_system_prompt", "R1_ZERO_PROMPT"]
 
 if TYPE_CHECKING:
@@ -165,6 +166,30 @@ def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: Dat
         return chat.apply(messages[: trained_turns[-1]], True)
     prompt, _ = _single_turn(example, cfg)
     return prompt if cfg.template == "trl" else _text_prompt(prompt, cfg, example)
+
+
+@dataclass(frozen=True)
+class PromptLayout:
+    """How a prompt is laid out for the model, as a run laid out its training prompts: ``data.template``, the system
+    prompt and what becomes of it where the chat template has no system role, and the chat template's options. What
+    ``anyfit generate`` reproduces for a run (``PromptLayout.of`` the run's saved config) and the model card names; a
+    new layout setting is a field here and in ``of``."""
+
+    template: str = "chat"
+    system_prompt: str | None = None
+    system_fallback: str = "refuse"
+    options: dict[str, Any] = field(default_factory=dict, hash=False)  # data.chat_template_kwargs
+
+    @classmethod
+    def of(cls, data: DataConfig, **changes: Any) -> PromptLayout:
+        """The layout ``data`` trains with (``changes``: fields set otherwise, e.g. another system prompt)."""
+        made = cls(data.template, data.system_prompt, data.system_fallback, dict(data.chat_template_kwargs))
+        return dataclasses.replace(made, **changes)
+
+    def data_config(self) -> DataConfig:
+        """The data settings that render a prompt this way (``prompt_token_ids``)."""
+        return DataConfig(template=self.template, system_prompt=self.system_prompt,
+                          system_fallback=self.system_fallback, chat_template_kwargs=dict(self.options))
 
 
 def template_options(example: Example, cfg: DataConfig) -> TemplateOptions:

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data.formats import Example
+from anyfit.data.templates import PromptLayout
 from anyfit.data.tokenization import prompt_token_ids
 from anyfit.hardware.memory import free_bytes, is_oom, release_cached
 from anyfit.hardware.runtime import inference_policy
@@ -63,10 +64,8 @@ class GenerationParams:
     seed: int | None = None
     stop: tuple[str, ...] = ()  # the text is cut at the first one; generation stops when every row has one
     include_stop: bool = False  # keep the stop string at the end of the text (e.g. a closing </answer>)
-    chat: bool = True  # string prompts: render as a user message with ``template`` (False: raw text)
-    template: str = "chat"  # data.template for string prompts: the chat template, plain, r1_zero or a custom one
-    system_prompt: str | None = None  # for chat-rendered string prompts
-    chat_template_kwargs: dict = field(default_factory=dict, hash=False)  # data.chat_template_kwargs
+    chat: bool = True  # string prompts: render as a user message laid out by ``layout`` (False: raw text)
+    layout: PromptLayout = field(default_factory=PromptLayout, hash=False)  # the template, system prompt, options
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -193,8 +192,7 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParam
 
     Raw text gets the tokenizer's leading special tokens (Llama's BOS) exactly as the training templates do.
     """
-    chat = DataConfig(template=params.template, system_prompt=params.system_prompt,
-                      chat_template_kwargs=dict(params.chat_template_kwargs))
+    chat = params.layout.data_config()
     raw = DataConfig(template="{prompt}")  # the text, verbatim
     out = []
     for i, p in enumerate(prompts):

@@ -18,7 +18,7 @@ from anyfit.config import DataConfig
 from anyfit.data.formats import to_examples
 from anyfit.data.sources import DataError
 from anyfit.data.stopping import stop_token_ids
-from anyfit.data.templates import render
+from anyfit.data.templates import PromptLayout, render
 from anyfit.data.tokenization import IGNORE_INDEX, tokenize_dataset
 
 MISTRAL_V02 = (
@@ -233,6 +233,14 @@ def test_a_template_without_a_system_role_names_the_options(tok):
     assert mistral.decode(folded["input_ids"]).count("[INST]") == 1 and spans(mistral, folded) == ["Result alpha.</s>"]
     (dropped,), _ = tokenize_dataset([{"messages": SYSTEM_CHAT}], mistral, DataConfig(system_fallback="drop"))
     assert "Sysmark" not in mistral.decode(dropped["input_ids"]) and spans(mistral, dropped) == ["Result alpha.</s>"]
+    # generate lays a run's prompts out the same way: the system prompt folded as training folded it (before the
+    # PromptLayout record, generate dropped data.system_fallback and refused the run's own system prompt)
+    from anyfit.evaluation.inference import GenerationParams, encode_prompts
+
+    trained = DataConfig(system_prompt="Sysmark rules.", system_fallback="fold")
+    (ids,) = encode_prompts(mistral, ["Usermark one?"], GenerationParams(layout=PromptLayout.of(trained)))
+    (row,), _ = tokenize_dataset([{"prompt": "Usermark one?", "completion": "Result alpha."}], mistral, trained)
+    assert ids == row["input_ids"][:next(k for k, x in enumerate(row["labels"]) if x != IGNORE_INDEX)]
     # A template with a system role is not touched by the setting.
     qwen = tok("qwen-2.5")
     assert tokenize_dataset([{"messages": SYSTEM_CHAT}], qwen, DataConfig(system_fallback="drop"))[0] == \
@@ -351,7 +359,8 @@ def test_template_options_for_the_run_and_per_record(tok):
     # eval and generate render their prompts with the same options.
     from anyfit.evaluation.inference import GenerationParams, encode_prompts
 
-    (ids,) = encode_prompts(qwen3, ["Usermark one?"], GenerationParams(chat_template_kwargs={"enable_thinking": False}))
+    (ids,) = encode_prompts(qwen3, ["Usermark one?"],
+                            GenerationParams(layout=PromptLayout(options={"enable_thinking": False})))
     assert qwen3.decode(ids) == prompt
 
 
