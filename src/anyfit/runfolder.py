@@ -45,6 +45,10 @@ TMP_CHECKPOINT_PREFIX = ".tmp-checkpoint-"
 DELETING_CHECKPOINT_PREFIX = ".deleting-checkpoint-"  # an old checkpoint renamed so, then removed (keep-last-K)
 FINAL_MODEL_FILES = ("config.json", "adapter_config.json")  # either marks a finished run's final model
 LOCK = ".anyfit-run.lock"
+# The loss curves of a run, drawn alike by loss.png (training.plot) and report.html (training.report): the
+# metrics.jsonl key, its label, and whether its points are marked (evaluations are sparse). Each data source's losses
+# follow them (data.source_names.curve_prefixes).
+LOSS_CURVES = (("loss", "training loss", False), ("val_loss", "validation loss", True))
 
 
 class NotWritten(Exception):

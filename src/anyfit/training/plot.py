@@ -8,7 +8,7 @@ from pathlib import Path
 
 from anyfit.config import ConfigError
 from anyfit.data.source_names import curve_prefixes
-from anyfit.runfolder import METRICS, PLOT, read_metrics
+from anyfit.runfolder import LOSS_CURVES, METRICS, PLOT, read_metrics
 
 
 def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
@@ -23,14 +23,14 @@ def plot_run(run_dir: str | Path, out: str | Path | None = None) -> Path:
         raise ConfigError(f"{run_dir} has no {METRICS}: give the output folder of an anyfit training run.")
     records = read_metrics(run_dir)
     series = {key: [(r["step"], r[key]) for r in records if isinstance(r.get(key), (int, float))]
-              for key in ("loss", "val_loss", "gen_accuracy")}
+              for key in (*(key for key, _, _ in LOSS_CURVES), "gen_accuracy")}
     if not any(series.values()):
         raise ConfigError(f"{run_dir / METRICS} holds no loss or evaluation lines yet.")
     fig, loss_ax = plt.subplots(figsize=(8, 4.5))
-    for key, label, style in (("loss", "training loss", "-"), ("val_loss", "validation loss", "o-")):
+    for key, label, marked in LOSS_CURVES:
         if series[key]:
             steps, values = zip(*series[key])
-            loss_ax.plot(steps, values, style, label=label, markersize=3)
+            loss_ax.plot(steps, values, "o-" if marked else "-", label=label, markersize=3)
     keys = _source_keys(records)  # data.mix: thin lines, one colour per source, validation dotted
     colours = {name: f"C{2 + i}" for i, name in enumerate(dict.fromkeys(k.split("/", 1)[1] for k in keys))}
     for key in keys:

@@ -30,6 +30,7 @@ from anyfit.data.source_names import curve_prefixes, source_key
 from anyfit.durable import replacing
 from anyfit.runfolder import (
     LOCK,
+    LOSS_CURVES,
     METRICS,
     REPORT,
     RUN_CONFIG,
@@ -208,9 +209,8 @@ def _status(view: RunView) -> str:
 def _curves(view: RunView) -> str:
     if not view.series("loss"):
         return _missing(f"No training step logged yet: {METRICS} has no loss line.")
-    charts = [line_chart("Loss", [Series("training loss", view.series("loss")),
-                                  Series("validation loss", view.series("val_loss"), markers=True)],
-                         "loss (mean per trained token)")]
+    charts = [line_chart("Loss", [Series(label, view.series(key), markers=marked)
+                                  for key, label, marked in LOSS_CURVES], "loss (mean per trained token)")]
     notes = [] if view.series("val_loss") else [_no_validation(view)]
     charts.append(line_chart("Learning rate", [Series("learning rate", view.series("lr"))], "learning rate",
                              y_floor=0.0))
