@@ -15,7 +15,10 @@ start past the budget is recorded as skipped):
    global optimizer-step hook, the run started as ``python -m anyfit train`` in the same process);
 3. ``anyfit-tuned`` (defaults + ``--tuned``, by default ``runtime.compile=true``: the one speed switch that is
    off by default; after the profile, so a slow compilation cannot cost it);
-4. if time is left: ``anyfit-plain-ce``, ``anyfit-no-packing``, ``anyfit-sdpa-mask`` (what each default buys).
+4. if time is left: ``anyfit-20-per-step`` (anyfit's defaults at about TRL tuned's tokens per step: the same work per
+   step), ``anyfit-plain-ce``, ``anyfit-no-packing``, ``anyfit-sdpa-mask`` (what each default buys).
+
+``--only A,B`` runs those alone (a later occasion's rest of the part).
 
 Writes results.json (speed_vs_trl's rows plus the anchors), speed.md (its table), profile_top_kernels.txt (the
 profiler's table) and runs.log (every child's output).
@@ -40,7 +43,7 @@ import speed_vs_trl as svt  # noqa: E402  (the workload and runs are speed_vs_tr
 
 TUNED = "runtime.compile=true"
 FIRST = ["anyfit", "trl-default", "trl-tuned", "profile", "anyfit-tuned"]
-IF_TIME = ["anyfit-plain-ce", "anyfit-no-packing", "anyfit-sdpa-mask"]
+IF_TIME = ["anyfit-20-per-step", "anyfit-plain-ce", "anyfit-no-packing", "anyfit-sdpa-mask"]
 ANCHORS = "the H100 anchor (shared/anchors/h100-results.json, transformers 5.17, trl 1.16): TRL defaults 6,080 " \
           "tokens/s, TRL tuned (packing + Liger) 32,102, a bare PyTorch loop 58,682; goal for anyfit's defaults: " \
           ">= 80,000 tokens/s (30% MFU by 6N), <= 40 GiB, >= 2.5x TRL tuned"
@@ -171,6 +174,8 @@ def run_profile(args, wl, wargs, work: Path, log: Path) -> dict[str, Any]:
 def main() -> int:
     args = kit.part_args(__doc__.split("\n\n")[0], lambda p: (
         p.add_argument("--tuned", default=TUNED, help=f"anyfit-tuned's overrides on top of the defaults ({TUNED})"),
+        p.add_argument("--only", default="", help="comma-separated runs (default: all, in order): "
+                       + ", ".join(FIRST + IF_TIME)),
         p.add_argument("--profile-child", help=argparse.SUPPRESS)))
     if args.profile_child:
         profile_child(Path(args.profile_child))
@@ -199,7 +204,8 @@ def main() -> int:
     # benchmarks run its TRL path); the others' settings are validated (TRL's by SFTConfig).
     dry_runs = {"anyfit"}
     rows: list[dict[str, Any]] = []
-    for name in FIRST + IF_TIME:
+    wanted = [n for n in FIRST + IF_TIME if not args.only or n in args.only.split(",")]
+    for name in wanted:
         if name == "profile":
             if args.deadline.left() < 60:
                 results.cell(name, status="skip", note="out of time (the part's budget)")
