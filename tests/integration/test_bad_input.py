@@ -92,6 +92,9 @@ def _case(name: str, tmp: Path, model: Path) -> tuple[list[str], str]:
         "data_field_map_to_missing_column": (with_data(data, "data.fields={prompt: question}"), "question"),
         "data_fewer_than_a_batch": (with_data(data, "train.effective_batch=16", "train.micro_batch=4"),
                                     "train.effective_batch"),
+        # every completion empty: only the EOS would be trained
+        "data_only_stops": (with_data(_jsonl(tmp / "stops.jsonl", [{**r, "completion": ""} for r in GOOD])),
+                            "data.allow_stop_only=true"),
         # the model
         "model_folder_missing": ([*base[1:], f"model.name_or_path={tmp / 'no_model'}"], "no_model"),
         "model_folder_without_config": ([*base[1:], f"model.name_or_path={tmp}"], str(tmp)),
@@ -118,6 +121,7 @@ CASES = ["config_missing", "config_not_yaml", "config_a_list", "config_typo_key"
          "data_bad_json_line", "data_line_not_object", "data_missing_completion", "data_completion_not_text",
          "data_unknown_role", "data_messages_not_list", "data_is_a_directory", "data_fake_parquet",
          "data_all_too_long", "data_unknown_template", "data_field_map_to_missing_column", "data_fewer_than_a_batch",
+         "data_only_stops",
          "model_folder_missing", "model_folder_without_config", "model_gguf_missing", "model_lora_target_typo",
          "model_without_weights", "model_weights_cut_short", "model_weights_not_safetensors",
          "model_index_names_a_missing_shard", "model_unknown_hub_id",

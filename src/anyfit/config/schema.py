@@ -135,6 +135,9 @@ class DataConfig:
         "(Qwen3's empty <think></think>). false: it is context, so the model does not learn to skip thinking; the "
         "data report says how many turns had one.")
     add_eos: bool = _f(True, "End each completion with the tokenizer's EOS token (so the model learns to stop).")
+    allow_stop_only: bool = _f(
+        False, "Train data whose every example teaches only its end-of-turn or EOS token (all completions empty: "
+        "the model would learn nothing but to stop). Refused unless true.")
     num_proc: int | Literal["auto"] = _f(
         "auto", "Processes that render and tokenize a large data set (20k records or more) while its token store is "
         "built; auto: the cores, at most one per GiB of available memory, at most 8.")

@@ -1,6 +1,6 @@
 """The mask audit: every tokenized example checked for what it teaches, over the whole data set.
 
-Two findings per example, counted in the data report with the first few records named:
+Three findings per example, counted in the data report with the first few records named:
 
 - ``no_stop``: a trained span that does not end with a token that ends generation (the tokenizer's EOS or the chat
   template's end-of-turn token, ``anyfit.data.stopping``): the model would not learn to stop there. Reported, not refused:
@@ -9,7 +9,9 @@ Two findings per example, counted in the data report with the first few records 
   the model would learn to write the user's part. anyfit's own renderings never train one (their masks are the
   assistant turns by construction), so it is looked for where the mask came from elsewhere: a chat template's
   ``{% generation %}`` spans (``data.template=trl``) or the data's own ``completion_mask``. It stops the run for a
-  template's mask; for the data's own mask it is reported (the authors may mean it).
+  template's mask; for the data's own mask it is reported (the authors may mean it);
+- ``stop_only``: every trained token ends generation (an empty completion: only its EOS or end-of-turn is trained).
+  Reported; data whose every example is so is refused by ``anyfit.data.prepare`` unless ``data.allow_stop_only``.
 
 A conversation with nothing to train is dropped and counted by the length policy (``anyfit.data.tokenization``); a
 turn whose reasoning the template would leave out (an empty think block trained instead) is refused when rendered
@@ -40,6 +42,8 @@ FINDINGS = {
                "there)",
     "trained_prompt": "user or tool turns inside the trained tokens (the model would learn to write the prompt)",
     "trained_prompt_data": "user or tool turns inside the tokens the data's completion_mask trains",
+    "stop_only": "nothing trained but an end-of-turn or EOS token (an empty completion: the model would learn only "
+                 "to stop)",
 }
 # What was done to some records, said in the data report (not findings: the run goes on, render --check passes).
 NOTES = {
@@ -121,8 +125,16 @@ class MaskAudit:
         last[offsets[1:][lengths > 0] - 1] = trained[offsets[1:][lengths > 0] - 1]
         ends = np.flatnonzero(last)
         stops = np.fromiter(self.stops, dtype=np.int64, count=len(self.stops))
-        for k in np.unique(np.searchsorted(offsets, ends[~np.isin(ids[ends], stops)], side="right") - 1):
+        is_stop = np.isin(ids, stops)
+        for k in np.unique(np.searchsorted(offsets, ends[~is_stop[ends]], side="right") - 1):
             found.setdefault(int(k), []).append("no_stop")
+        # per example (the empty ones left out: reduceat's segments run from one start to the next)
+        whole = np.flatnonzero(lengths > 0)
+        if len(whole):
+            n_trained = np.add.reduceat(trained.astype(np.int64), offsets[whole])
+            n_content = np.add.reduceat((trained & ~is_stop).astype(np.int64), offsets[whole])
+            for k in whole[(n_trained > 0) & (n_content == 0)]:
+                found.setdefault(int(k), []).append("stop_only")
         name = "trained_prompt_data" if tokens else "trained_prompt"
         for k in self._with_trained_headers(ids, trained, offsets, np.asarray(foreign, dtype=bool)):
             found.setdefault(k, []).append(name)
@@ -154,11 +166,13 @@ class Findings:
     counts: Counter = field(default_factory=Counter)
     places: dict[str, list[str]] = field(default_factory=dict)
     split: int = 0  # records made into several examples
+    stop_only: int = 0  # kept examples that train nothing but their stop (``stop_only``)
 
     def add(self, result: Any) -> None:
         """Count one record's result (``anyfit.data.tokenization.RecordResult``)."""
         self.unused.update(result.unused)
         self.split += len(result.parts) > 1
+        self.stop_only += result.stop_only
         for name in result.findings:
             self.counts[name] += 1
             named = self.places.setdefault(name, [])
@@ -169,6 +183,7 @@ class Findings:
         self.unused.update(other.unused)
         self.counts.update(other.counts)
         self.split += other.split
+        self.stop_only += other.stop_only
         for name, named in other.places.items():
             mine = self.places.setdefault(name, [])
             mine += named[: NAMED - len(mine)]
@@ -176,6 +191,7 @@ class Findings:
     def as_report(self) -> dict[str, Any]:
         audit = {k: n for k, n in self.counts.items() if k not in NOTES}
         return {"unused": dict(self.unused), "audit": audit, "split_records": self.split,
+                "stop_only_examples": self.stop_only,
                 "audit_places": {k: v for k, v in self.places.items() if k in audit},
                 "notes": {k: n for k, n in self.counts.items() if k in NOTES}}
 

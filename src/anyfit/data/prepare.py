@@ -21,7 +21,7 @@ from anyfit.data.formats import Example, to_examples
 from anyfit.data.mixture import MixedExamples, draw, source_names, sources_of
 from anyfit.data.sources import DataError, Records, iter_records
 from anyfit.data.store import Examples, TokenStore, open_or_build
-from anyfit.data.tokenization import DataReport, nothing_left
+from anyfit.data.tokenization import DataReport, nothing_left, only_stops
 
 
 @dataclass
@@ -66,6 +66,8 @@ def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
             if cfg.eval.path or cfg.eval.split else None
     if not len(examples):
         raise DataError(nothing_left(examples.report))
+    if not cfg.data.mix and (why := only_stops(examples.report, cfg.data)):  # a mixture: each source's, below
+        raise DataError(why)
     if cfg.data.source_column:
         echo(_column_line(cfg.data.source_column, examples))
     data = TrainingData(examples, examples.report)
@@ -120,6 +122,8 @@ def _mixture(cfg: Config, tokenizer, echo) -> tuple[MixedExamples, MixedExamples
     for part, (source, _) in zip(parts, sources):
         if not len(part):
             raise DataError(f"data.mix source {source.path}: " + nothing_left(part.report))
+        if why := only_stops(part.report, source):
+            raise DataError(f"data.mix source {source.path}: {why}")
     mixed = draw(parts, [w for _, w in sources], names, cfg.train.seed)
     for line in mixed.lines:
         echo(line)

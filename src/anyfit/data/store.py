@@ -90,7 +90,7 @@ ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "tr
           "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32,
           "record_digest": np.uint64, "example_source": np.int16}
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
-NOT_TOKENS = ("cache_dir", "num_proc")
+NOT_TOKENS = ("cache_dir", "num_proc", "allow_stop_only")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
 TOKENIZING_CODE = (formats, messages, chat, template_probes, templates, stopping, audit, tokenization, answers,
                    source_names)

@@ -93,6 +93,7 @@ class DataReport:
     audit: dict[str, int] = field(default_factory=dict)  # mask audit finding -> records
     audit_places: dict[str, list[str]] = field(default_factory=dict)  # the first records of each finding
     split_records: int = 0  # records made into several examples
+    stop_only_examples: int = 0  # kept examples that train nothing but their end-of-turn or EOS token
     notes: dict[str, int] = field(default_factory=dict)  # what was done to some records (anyfit.data.audit.NOTES)
 
     def summary(self) -> str:
@@ -173,6 +174,7 @@ class RecordResult:
     unused: tuple[str, ...] = ()
     findings: tuple[str, ...] = ()
     place: str = ""
+    stop_only: int = 0  # its kept examples that train nothing but their stop (the audit's ``stop_only``)
 
 
 def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
@@ -213,11 +215,14 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
     findings = notes
     for k, names in found.items():
         findings.setdefault(owner[k], []).extend(names)
-    results = []
+    results, k = [], 0  # k: the first of this record's pairs in the audit's numbering
     for i, (example, example_pairs) in enumerate(zip(examples, pairs)):
         parts = [_length_policy(pair, cfg) for pair in example_pairs] or [_length_policy(None, cfg)]
         names = tuple(dict.fromkeys(findings[i])) if i in findings else ()
-        results.append(RecordResult(parts, example.unused, names, example.place if names else ""))
+        stop_only = sum(part[0].kept and "stop_only" in found.get(k + j, ()) for j, part in
+                        enumerate(parts[:len(example_pairs)]))
+        results.append(RecordResult(parts, example.unused, names, example.place if names else "", stop_only))
+        k += len(example_pairs)
     return results
 
 
@@ -555,6 +560,17 @@ def _special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
 
 def _count_trained(labels: list[int]) -> int:
     return len(labels) - labels.count(IGNORE_INDEX)  # list.count runs in C: this is called on every example
+
+
+def only_stops(report: DataReport, cfg: DataConfig) -> str:
+    """Why the data would teach nothing but stopping: every kept example trains only its end-of-turn or EOS token
+    ('' when some example teaches more, or ``data.allow_stop_only`` says so)."""
+    if cfg.allow_stop_only or not report.kept or report.stop_only_examples < report.kept:
+        return ""
+    first = ", ".join(report.audit_places.get("stop_only", []))
+    return (f"Every one of the {report.kept} examples trains nothing but its end-of-turn or EOS token (empty "
+            f"completions{'; first: ' + first if first else ''}): the model would learn only to stop. Check that "
+            "data.fields maps the column holding the answers, or set data.allow_stop_only=true if that is the aim.")
 
 
 def nothing_left(report: DataReport) -> str:

@@ -273,6 +273,35 @@ def test_mask_audit_counts_spans_without_a_stop_and_names_them(tok):
     assert not rows(records, qwen, template="plain")[1].audit  # with the EOS: nothing to say
 
 
+def test_data_that_teaches_only_stopping_is_counted_and_refused_unless_asked_for(tok, tmp_path):
+    """Empty completions train only the EOS (or a chat turn's end): counted per record in the audit; data whose
+    every example is so is refused in one line by the run, and trained when data.allow_stop_only says so."""
+    from anyfit.data.store import open_or_build
+    from anyfit.data.tokenization import only_stops
+
+    qwen = tok("qwen-2.5")
+    empty = [{"prompt": f"q{i}", "completion": ""} for i in range(4)]
+    for template in ("plain", "chat"):
+        _, report = rows(empty, qwen, template=template)
+        assert report.kept == report.stop_only_examples == 4 and report.audit == {"stop_only": 4}, template
+        assert "Mask audit: 4 records with nothing trained but an end-of-turn or EOS token" in report.summary()
+        why = only_stops(report, DataConfig(template=template))
+        assert "Every one of the 4 examples trains nothing but" in why and "first: Record 0, Record 1, Record 2" \
+            in why and "data.allow_stop_only=true" in why and "\n" not in why
+        assert only_stops(report, DataConfig(template=template, allow_stop_only=True)) == ""
+    # one record that teaches more: only counted
+    _, report = rows([*empty, {"prompt": "q", "completion": "a"}], qwen, template="plain")
+    assert report.stop_only_examples == 4 and report.kept == 5 and only_stops(report, DataConfig()) == ""
+    # the token store keeps the count, and allow_stop_only does not change the tokens (the same store)
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in empty))
+    cfg = DataConfig(path=str(path), template="plain", cache_dir=str(tmp_path / "tokens"))
+    store = open_or_build(cfg, qwen, echo=lambda *a: None)
+    assert store.report.stop_only_examples == 4
+    again = open_or_build(DataConfig(**{**cfg.__dict__, "allow_stop_only": True}), qwen, echo=lambda *a: None)
+    assert again.folder == store.folder
+
+
 def test_mask_audit_refuses_a_template_that_trains_user_turns(tok):
     qwen = copy.deepcopy(tok("qwen-2.5"))
     # {% generation %} around every turn: the template's assistant mask would train the user's words too.

@@ -83,7 +83,7 @@ RULES: dict[str, Rule] = {
         "path", "subset", "split", "num_samples", "format", "fields", "ignore_fields", "train_reasoning", "template",
         "system_prompt", "max_length", "overlong", "train_on", "chat_template", "chat_template_kwargs",
         "system_fallback", "train_empty_think", "add_eos", "mix", "source_column")},
-    "data.num_proc": _apply(_AT_ONCE), "data.cache_dir": _apply(_AT_ONCE),
+    "data.num_proc": _apply(_AT_ONCE), "data.cache_dir": _apply(_AT_ONCE), "data.allow_stop_only": _apply(_AT_ONCE),
     # train
     "train.output_dir": _apply("the run goes on in the new folder"), "train.overwrite": _apply(_AT_ONCE),
     "train.resume": _apply(_AT_ONCE), "train.resume_changed_data": _apply(_AT_ONCE),
