@@ -86,7 +86,8 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                chunk: int, dtype: torch.dtype, groups: torch.Tensor | None = None, n_groups: int = 0) -> torch.Tensor:
+                chunk: int, dtype: torch.dtype, sources: tuple[torch.Tensor | None, int] = (None, 0)) -> torch.Tensor:
+        groups, n_groups = sources  # each row's source and their number (data.mix), or (None, 0): one sum
         w = weight.to(dtype)
         lse = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
         total = _sums(n_groups, hidden.device)
@@ -123,7 +124,7 @@ class FusedHeadCrossEntropy(torch.autograd.Function):
             if grad_bias is not None:
                 grad_bias += g.sum(dim=0)
         return (grad_hidden, None if grad_weight is None else grad_weight.to(weight.dtype),
-                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None, None)
+                None if grad_bias is None else grad_bias.to(bias.dtype), None, None, None, None)
 
 
 def _sums(n_groups: int, device) -> torch.Tensor:
@@ -189,7 +190,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else head.weight.dtype
     with record_function("anyfit.loss"):
         return FusedHeadCrossEntropy.apply(hidden, head.weight, head.bias, batch["keep_targets"],
-                                           chunk_tokens or 1024, dtype, groups, n_groups)
+                                           chunk_tokens or 1024, dtype, (groups, n_groups))
 
 
 def kept_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
