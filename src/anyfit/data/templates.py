@@ -57,8 +57,8 @@ from anyfit.data.chat import ChatTemplate, Segment, TemplateOptions, chat_parts,
 from anyfit.data.formats import Example, Message
 from anyfit.data.sources import DataError
 
-__all__ = ["Segment", "Rendering", "PromptLayout", "Joined", "TemplateMasked", "Rendered", "MissingAnswer", "render", "render_prompt",
-           "uses_chat_template", "generation_template", "default_system_prompt", "R1_ZERO_PROMPT"]
+__all__ = ["Segment", "Rendering", "PromptLayout", "Joined", "TemplateMasked", "Rendered", "MissingAnswer", "render",
+           "render_prompt", "uses_chat_template", "generation_template", "default_system_prompt", "R1_ZERO_PROMPT"]
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -171,9 +171,9 @@ def render_prompt(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: Dat
 @dataclass(frozen=True)
 class PromptLayout:
     """How a prompt is laid out for the model, as a run laid out its training prompts: ``data.template``, the system
-    prompt and what becomes of it where the chat template has no system role, and the chat template's options. What
-    ``anyfit generate`` reproduces for a run (``PromptLayout.of`` the run's saved config) and the model card names; a
-    new layout setting is a field here and in ``of``."""
+    prompt and what becomes of it where the chat template has no system role, and the chat template's options: what
+    ``anyfit generate`` reproduces for a run (``PromptLayout.of`` the run's saved config). A new layout setting is a
+    field here and in ``of``."""
 
     template: str = "chat"
     system_prompt: str | None = None

@@ -299,7 +299,7 @@ def sequence_parallel_problem(cfg: Config, processes: int, heads: int, kv_heads:
         return (f"eval.generate_* with runtime.sequence_parallel={n}: generation runs on one process, and every "
                 "attention call of a split model waits for its whole group. Keep the validation loss (eval.every) "
                 "and run 'anyfit eval' on the output afterwards.")
-    if cfg.train.watch_base is True:  # 'auto' turns base_kl off under a split, with a printed line (training.forgetting)
+    if cfg.train.watch_base is True:  # 'auto' turns base_kl off under a split with a line (training.forgetting)
         return (f"train.watch_base is not available with runtime.sequence_parallel={n} yet: set "
                 "train.watch_base=false.")
     if cfg.train.base_kl_weight:

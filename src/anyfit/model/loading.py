@@ -80,9 +80,10 @@ def keep_one_4bit_path(model: nn.Module) -> None:
     On a CPU with AVX-512 BF16, bitsandbytes (0.50) repacks a ``Linear4bit``'s weight in place at its first forward in
     eval mode without gradients (an evaluation, the packing self-test), and every later forward, training included,
     runs its inference kernel, which computes in bf16 and has no backward: after the first evaluation the gradients
-    through the frozen base were silently wrong (LoRA gradients off by 100% on a tiny Llama), and layers narrower than
-    its 64-wide block failed outright. The flag is the layer's own switch for that path (set at construction from
-    the CPU's features); off, evaluation runs exactly the function training does, at the training path's speed."""
+    through the frozen base were silently wrong (LoRA gradients off by more than 100% on a 64-wide Llama), and
+    layers narrower than its 64-wide block failed outright. The flag is the layer's own switch for that path (set
+    at construction from the CPU's features); off, evaluation runs exactly the function training does, at the
+    training path's speed."""
     for module in model.modules():
         if getattr(module, "support_avx512bf16_for_cpu", False):
             module.support_avx512bf16_for_cpu = False

@@ -212,8 +212,9 @@ def run_steps(run: Run) -> TrainResult:
             if guard.exhausted:
                 kept = complete_checkpoints(run.out)  # listed, not verified: nothing may hide the diagnosis
                 raise TrainingDiverged(diagnosis(cfg, parts.policy, done, str(kept[-1]) if kept else None))
+            step_done = StepDone(done, window, grad_norm, finite, log_now)
             for feature in features:
-                feature.after_step(StepDone(done, window, grad_norm, finite, log_now))
+                feature.after_step(step_done)
             # Several processes agree on a stop with a collective (a host sync): only on logged steps.
             if (acc.num_processes == 1 or log_now) and stop.requested(acc) and done < run.steps:
                 loop.result.interrupted = stop.signal_name or "signal"

@@ -173,8 +173,9 @@ class Checkpointer:
 def save_checkpoint(backend: Backend, accelerator, output_dir: Path, step: int, state: TrainState, *, cfg: Config,
                     trainer_state: dict[str, Any], keep: tuple[int, ...] = ()) -> Path:
     """Write ``checkpoint-<step>`` of ``state`` (collective), with the run's config ``cfg`` and ``trainer_state``;
-    keeps the newest ``train.keep_last``, and the checkpoints of the steps in ``keep`` (the best). Raises ``NotWritten`` on every process alike when the disk has no room for it or a
-    write fails: the temporary folder is removed, earlier checkpoints are untouched."""
+    keeps the newest ``train.keep_last``, and the checkpoints of the steps in ``keep`` (the best). Raises
+    ``NotWritten`` on every process alike when the disk has no room for it or a write fails: the temporary folder is
+    removed, earlier checkpoints are untouched."""
     final = output_dir / f"{CHECKPOINT_PREFIX}{step}"
     tmp = output_dir / f"{TMP_CHECKPOINT_PREFIX}{step}"
     need = bytes_to_write(state.model, state.optimizer)
