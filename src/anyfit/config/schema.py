@@ -134,6 +134,11 @@ class DataConfig:
         False, "Train the empty think block a chat template writes before an assistant turn without reasoning "
         "(Qwen3's empty <think></think>). false: it is context, so the model does not learn to skip thinking; the "
         "data report says how many turns had one.")
+    reasoning_layout: str | None = _f(
+        None, "The text around a reasoning trace, '{reasoning}' standing for it (e.g. '<think>\\n{reasoning}\\n</think>"
+        "\\n\\n', DeepSeek-R1's), for a chat template that does not show how it lays reasoning out (one that reads no "
+        "reasoning key, or drops the trace from finished turns). Unset: such data is refused in one line; templates "
+        "that show their layout are always laid out as they show it.")
     add_eos: bool = _f(True, "End each completion with the tokenizer's EOS token (so the model learns to stop).")
     allow_stop_only: bool = _f(
         False, "Train data whose every example teaches only its end-of-turn or EOS token (all completions empty: "
@@ -406,6 +411,9 @@ def validate(cfg: Config) -> None:
                           "(separate held-out data), not both.")
     _check_mix(cfg)
     _check_keep_best(cfg)
+    if cfg.data.reasoning_layout is not None and cfg.data.reasoning_layout.count("{reasoning}") != 1:
+        raise ConfigError(f"'data.reasoning_layout' must hold '{{reasoning}}' once (where the trace goes), got "
+                          f"{cfg.data.reasoning_layout!r}; e.g. '<think>\\n{{reasoning}}\\n</think>\\n\\n'.")
     if cfg.data.num_proc != "auto" and cfg.data.num_proc < 1:
         raise ConfigError(f"'data.num_proc' must be at least 1 or 'auto', got {cfg.data.num_proc}.")
     if cfg.eval.batch_size != "auto" and cfg.eval.batch_size < 1:
@@ -497,7 +505,7 @@ def _check_forgetting(cfg: Config) -> None:
 # data.* keys a data.mix entry may set for itself (the store settings stay run-wide).
 MIX_KEYS = ("path", "subset", "split", "num_samples", "format", "fields", "template", "system_prompt", "max_length",
             "overlong", "train_on", "add_eos", "ignore_fields", "train_reasoning", "chat_template_kwargs",
-            "system_fallback", "train_empty_think")
+            "system_fallback", "train_empty_think", "reasoning_layout")
 
 
 def _check_mix(cfg: Config) -> None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from anyfit.data.messages import Message, inline_reasoning
+from anyfit.data.reasoning_layout import ReasoningLayout, TemplateReasoning, data_layout, template_reasoning, user_layout
 from anyfit.data.records import DataError
 from anyfit.data.stopping import turn_ends
 from anyfit.data.template_probes import TOOL_ROLES, Traits, as_parts, traits
@@ -43,17 +44,8 @@ from anyfit.data.template_probes import TOOL_ROLES, Traits, as_parts, traits
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-# How templates read a message's reasoning: the key, as Jinja code names it.
-_REASONING_KEY = {"reasoning_content": re.compile(r"reasoning_content"),
-                  "thinking": re.compile(r"message\.thinking|\[['\"]thinking['\"]\]")}
-# What closes a reasoning trace in the templates seen (Qwen3, DeepSeek-R1, GLM-Z1, ...): kept out of the loss with
-# the trace when data.train_reasoning is off.
-_OPEN_REASONING = re.compile(r"<think>\n?$")
-_CLOSE_REASONING = re.compile(r"\s*(</think>|</thinking>|<\|end_of_thought\|>)?\s*")
-# The empty think block some templates write before a turn without reasoning (Qwen3's '<think>\n\n</think>\n\n'),
-# or its close after a generation prompt that opened it (DeepSeek-R1's '<think>\n').
-_EMPTY_THINK = re.compile(r"\s*<(think|thinking)>\s*</\1>\s*")
-_CLOSE_THINK = re.compile(r"\s*</(think|thinking)>\s*")
+# The trace a turn is rendered with to read the template's layout around it (text no real record holds).
+_TRACE = "anyfit-probe-trace"
 # Per-message keys that say whether a turn is trained; read by anyfit, never handed to a template.
 _LOSS_KEYS = ("weight",)
 
@@ -72,13 +64,15 @@ class TemplateOptions:
     (data.chat_template_kwargs, a record's own over them), ``system`` (data.system_fallback: what to do with a system
     message the template has no role for), ``train_empty_think`` (train the empty think block a template writes
     before a turn without reasoning), ``train_reasoning``, ``cut_reasoning_ok`` (reasoning_content is in
-    data.ignore_fields: a template that cuts an inline trace may)."""
+    data.ignore_fields: a template that cuts an inline trace may), ``reasoning_layout`` (data.reasoning_layout: the
+    text around a trace where the template does not show it)."""
 
     kwargs: dict[str, Any] = field(default_factory=dict)
     system: str = "refuse"
     train_empty_think: bool = False
     train_reasoning: bool = True
     cut_reasoning_ok: bool = False
+    reasoning_layout: str | None = None
 
 
 class ChatTemplate:
@@ -89,7 +83,6 @@ class ChatTemplate:
         self.tokenizer, self.place, self.tools = tokenizer, place, tools
         self.options = options or TemplateOptions()
         self.source = template_text(tokenizer)
-        self.reasoning_key = _reasoning_key(self.source)
         self.name = template_name(tokenizer)
         self.empty_think = 0  # turns whose empty think block was found (kept as context unless trained)
         self.next_header_stop = 0  # turns given the next turn's header as their stop (with_stop)
@@ -97,6 +90,14 @@ class ChatTemplate:
     @functools.cached_property
     def traits(self) -> Traits:
         return traits(self.tokenizer, self.source, self.options.kwargs)
+
+    @functools.cached_property
+    def reasoning(self) -> TemplateReasoning:
+        return template_reasoning(self.tokenizer, self.source, self.options.kwargs)
+
+    @property
+    def reasoning_key(self) -> str | None:
+        return self.reasoning.key
 
     def apply(self, messages: list[Message], generation_prompt: bool) -> str:
         """The template's text of ``messages`` (with the generation prompt when asked)."""
@@ -140,26 +141,87 @@ class ChatTemplate:
         return rest
 
     def _shown(self, m: Message) -> Message:
-        """The message as this template reads it: reasoning under its key (a trace written inline too), or inline
-        before the answer; the tool role as the template spells it; content as parts where it reads parts."""
+        """The message as this template reads it: reasoning under its key (a trace written inline too, unless the
+        template splits inline blocks itself exactly as it lays the key out), or, for a template that reads none,
+        inline as data.reasoning_layout writes it (refused without one: the template does not show the text around
+        it); the tool role as the template spells it; content as parts where it reads parts."""
         m = {k: v for k, v in m.items() if k not in _LOSS_KEYS}
+        key = self.reasoning.key
         reasoning = m.get("reasoning_content")
-        if reasoning is None and self.reasoning_key and m["role"] == "assistant":
+        if reasoning is None and key and m["role"] == "assistant" and not self.reasoning.inline_native:
             split = inline_reasoning(m.get("content") or "")
             if split:  # an inline trace is given to a template that reads reasoning as reasoning
                 m = {**m, "reasoning_content": split[0], "content": split[1]}
                 reasoning = split[0]
-        if reasoning is not None and self.reasoning_key != "reasoning_content":
+        if reasoning is not None and key != "reasoning_content":
             m = {k: v for k, v in m.items() if k != "reasoning_content"}
-            if self.reasoning_key:
-                m[self.reasoning_key] = reasoning
-            else:
-                m["content"] = f"<think>\n{reasoning.strip()}\n</think>\n\n{m['content']}"
+            if key:
+                m[key] = reasoning
+            elif reasoning.strip():
+                m["content"] = self._user_layout("it reads no reasoning key for reasoning_content").around(reasoning.strip()) + m["content"]
         if m["role"] == "tool" and self.traits.tool_role not in (None, "tool"):
             m["role"] = self.traits.tool_role
         if self.traits.parts:  # a tool result's part also names its tool (MiniMax-M1 reads content[i]['name'])
             m["content"] = as_parts(m.get("content"), m.get("name") if m["role"] != "assistant" else None)
         return m
+
+    def _user_layout(self, what: str) -> ReasoningLayout:
+        """data.reasoning_layout, for a template that does not show how it lays out reasoning; a DataError
+        without it."""
+        if self.options.reasoning_layout:
+            return user_layout(self.options.reasoning_layout)
+        raise DataError(f"{self.place}: the chat template of {self.name} does not show how the model lays out "
+                        f"reasoning ({what}), so that text cannot be read from the template. Set data.reasoning_layout "
+                        "to the model's own layout (e.g. '<think>\\n{reasoning}\\n</think>\\n\\n' for DeepSeek-R1 and "
+                        "QwQ), write the trace inline in the content as the model writes it (<think>...</think> before "
+                        "the answer), or set data.ignore_fields: [reasoning_content] to train the answers alone.")
+
+    def opened_turn(self, messages: list[Message], i: int, before: str, through: str) -> str | None:
+        """Turn ``i`` as the model writes it after a generation prompt that opens a reasoning block the template's
+        finished turn does not hold (GLM-4.7's '<think>' before '</think>answer', DeepSeek-R1's '<think>\\n' before
+        an answer whose trace it drops): ``reasoning + between + answer`` in the layout read from the template (the
+        turn rendered with a marker trace), else in the record's own inline block, else data.reasoning_layout;
+        refused in one line where none gives it. None when ``before`` is not such a prompt."""
+        message = messages[i]
+        reasoning = (message.get("reasoning_content") or "").strip()
+        split = inline_reasoning(message.get("content") or "") if not reasoning else None
+        traced = reasoning or (split[0].strip() if split else "")
+        if self.reasoning.key and self.reasoning.layout:  # the template's layout, around this very turn
+            marked = {**(split and {**message, "content": split[1]} or message), "reasoning_content": _TRACE}
+            shown = self.apply(messages[:i] + [marked], False)
+            if shown.startswith(before) and _TRACE in shown[len(before):]:
+                return before + shown[len(before):].replace(_TRACE, traced, 1)
+        layout = data_layout(message["content"], split[0], split[1]) if split else None
+        if layout is None:
+            # No layout of the template's or the record's own: without data.reasoning_layout, refused where the
+            # prompt opens a think block (the usual tag, only to choose which refusal explains it), else the
+            # caller's refusal of a template whose prefixes render unstably.
+            if not self.options.reasoning_layout and self._opens(before, through, None) is None:
+                return None
+            layout = self._user_layout(f"the think block its generation prompt opens before assistant turn {i}"
+                                       f"{'' if traced else ', which has none'}")
+        head = self._opens(before, through, layout)
+        if head is None:
+            return None
+        answer, between = through[len(head):], layout.between
+        close = between.strip()
+        if close and answer.lstrip().startswith(close):  # the template writes the close itself (DeepSeek-V3.1's
+            between, answer = between[:between.index(close)], answer.lstrip()  # thinking mode): from there on, its
+        elif between[-1:].isspace():  # the separator is the layout's, not the answer's
+            answer = answer.lstrip()
+        pad, have = layout.lead[len(layout.lead.rstrip()):], before[len(before.rstrip()):]
+        return before + (pad[len(have):] if pad.startswith(have) else "") + traced + between + answer
+
+    @staticmethod
+    def _opens(before: str, through: str, layout: ReasoningLayout | None) -> str | None:
+        """The text before the block ``before`` opens (its lead, e.g. '<think>\\n', ends it) when ``through`` (the
+        finished turn) continues from there; None otherwise."""
+        tags = [layout.lead.strip()] if layout else ["<think>", "<thinking>"]
+        for tag in (t for t in tags if t):
+            body = before.rstrip()
+            if body.endswith(tag) and through.startswith(body[:-len(tag)]):
+                return body[:-len(tag)]
+        return None
 
     def check_rendered(self, messages: list[Message]) -> None:
         """A DataError when the template leaves out a tool result or a tool definition of the conversation."""
@@ -251,7 +313,7 @@ def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemp
         before = chat.apply(messages[:i], True)
         through = chat.apply(messages[: i + 1], False)
         if not through.startswith(before):
-            through = _opened_reasoning(before, through, messages[i])
+            through = chat.opened_turn(messages, i, before, through) or through
         if not through.startswith(before):
             at = next((k for k, (a, b) in enumerate(zip(before, through)) if a != b), len(before))
             raise DataError(
@@ -266,7 +328,7 @@ def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemp
         turn = chat.with_stop(messages, i, before, through[len(before):].rstrip())
         chat.check_turn(turn, messages[i], i)
         segments.append(Segment(before[len(done):], trained=False))
-        segments += _turn_segments(turn, messages[i], chat, opened=bool(_OPEN_REASONING.search(before)))
+        segments += _turn_segments(turn, messages[i], chat)
         done = before + turn
     if not trained_turns:  # nothing to learn; kept so the caller can count and report it
         segments.append(Segment(chat.apply(messages, False), trained=False))
@@ -285,52 +347,31 @@ def _end_tokens(tokenizer: PreTrainedTokenizerBase, source: str) -> tuple[str | 
     return _END_TOKENS[source]
 
 
-@functools.lru_cache(maxsize=16)
-def _reasoning_key(source: str) -> str | None:
-    """The message key a chat template reads a reasoning trace from (None: it reads none); once per template."""
-    return next((k for k, r in _REASONING_KEY.items() if r.search(source)), None)
-
-
-def _opened_reasoning(before: str, through: str, message: Message) -> str:
-    """``through`` as the model writes it when the generation prompt opens the think block itself (DeepSeek-R1's
-    and QwQ's '<think>\n', Qwen3.5's) but the template renders a finished turn without its reasoning: the turn's
-    reasoning, the closing tag, then the answer as the template renders it. A turn without reasoning gets an empty
-    think block, as those models write one. ``through`` unchanged when the generation prompt opens none."""
-    opened = _OPEN_REASONING.search(before)
-    head = before[:opened.start()] if opened else None
-    if head is None or not through.startswith(head) or through[len(head):].lstrip().startswith("<think>"):
-        return through
-    reasoning = message.get("reasoning_content") or ""
-    if not reasoning and "</think>" in message.get("content", ""):
-        reasoning = message["content"].split("</think>")[0].split("<think>")[-1]
-    rest = through[len(head):]
-    rest = rest[_CLOSE_THINK.match(rest).end():] if _CLOSE_THINK.match(rest) else rest  # a close it writes itself
-    return before + reasoning.strip() + "\n</think>" + ("" if rest.startswith("\n") else "\n\n") + rest
-
-
-def _turn_segments(turn: str, message: Message, chat: ChatTemplate, opened: bool) -> list[Segment]:
-    """The turn as one trained piece; without ``train_reasoning``, its reasoning (and the tag closing it) masked.
-    A turn without reasoning that starts with an empty think block (or, after a generation prompt that ``opened``
-    one, with its close) has that block masked unless data.train_empty_think: the data holds no reasoning to learn
-    there, and training it teaches the model to skip thinking (``chat.empty_think`` counts these turns)."""
+def _turn_segments(turn: str, message: Message, chat: ChatTemplate) -> list[Segment]:
+    """The turn as one trained piece; without ``train_reasoning``, its reasoning and the text closing it (the
+    layout's ``between``) masked. A turn without reasoning that starts with the empty block the layout writes
+    (Qwen3's '<think>\\n\\n</think>\\n\\n', or GLM's '</think>' after a prompt that opened it) has that block masked
+    unless data.train_empty_think: the data holds no reasoning to learn there, and training it teaches the model to
+    skip thinking (``chat.empty_think`` counts these turns)."""
     reasoning = (message.get("reasoning_content") or "").strip()
-    inline = inline_reasoning(message.get("content") or "")
-    if not reasoning and not (inline and inline[0].strip()):
-        empty = _EMPTY_THINK.match(turn) or (_CLOSE_THINK.match(turn) if opened else None)
-        if empty and empty.end() < len(turn):
+    split = inline_reasoning(message.get("content") or "") if not reasoning else None
+    reasoning = reasoning or (split[0].strip() if split else "")
+    layout = chat.reasoning.layout or (user_layout(chat.options.reasoning_layout)
+                                       if chat.options.reasoning_layout else None)
+    if not reasoning:
+        empty = next((e for e in (layout.empty, layout.between) if e.strip() and turn.startswith(e)), None) \
+            if layout else None
+        if empty and len(empty) < len(turn):
             chat.empty_think += 1
             if not chat.options.train_empty_think:
-                return [Segment(turn[:empty.end()], trained=False), Segment(turn[empty.end():], trained=True)]
+                return [Segment(turn[:len(empty)], trained=False), Segment(turn[len(empty):], trained=True)]
         return [Segment(turn, trained=True)]
     if chat.options.train_reasoning:
         return [Segment(turn, trained=True)]
-    if reasoning and reasoning in turn:
-        end = turn.index(reasoning) + len(reasoning)
-    elif "</think>" in message["content"] and "</think>" in turn:  # reasoning written inline in the content
-        end = turn.index("</think>")
-    else:
+    own = data_layout(message["content"], split[0], split[1]) if split else None
+    end = next((e for e in ((lay.end_of(turn, reasoning) if lay else None) for lay in (layout, own)) if e), None)
+    if end is None:
         return [Segment(turn, trained=True)]
-    end += _CLOSE_REASONING.match(turn, end).end() - end
     return [Segment(turn[:end], trained=False), Segment(turn[end:], trained=True)]
 
 

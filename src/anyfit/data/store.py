@@ -69,6 +69,7 @@ from anyfit.data import (
     chat,
     formats,
     messages,
+    reasoning_layout,
     source_names,
     stopping,
     template_probes,
@@ -92,8 +93,8 @@ ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "tr
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc", "allow_stop_only")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
-TOKENIZING_CODE = (formats, messages, chat, template_probes, templates, stopping, audit, tokenization, answers,
-                   source_names)
+TOKENIZING_CODE = (formats, messages, chat, template_probes, reasoning_layout, templates, stopping, audit,
+                   tokenization, answers, source_names)
 _KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
 BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
 PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves

@@ -196,7 +196,8 @@ def template_options(example: Example, cfg: DataConfig) -> TemplateOptions:
     """How this example meets the chat template: data.chat_template_kwargs with the record's own over them, and the
     data.* settings ``anyfit.data.chat.TemplateOptions`` names."""
     return TemplateOptions({**cfg.chat_template_kwargs, **(example.chat_template_kwargs or {})}, cfg.system_fallback,
-                           cfg.train_empty_think, cfg.train_reasoning, "reasoning_content" in cfg.ignore_fields)
+                           cfg.train_empty_think, cfg.train_reasoning, "reasoning_content" in cfg.ignore_fields,
+                           cfg.reasoning_layout)
 
 
 def _chat(tokenizer, example: Example, cfg: DataConfig) -> ChatTemplate:

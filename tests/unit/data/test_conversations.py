@@ -141,13 +141,23 @@ def test_qwen3_multi_turn_reasoning_trains_each_turn_in_its_inference_context(to
 
 
 def test_reasoning_in_templates_without_a_reasoning_key(tok):
-    # Qwen2.5 reads no reasoning key: the trace goes inline, as DeepSeek-R1's distills write it, and is trained.
-    (row,), _ = rows([{"messages": REASONING_CHAT[:2]}], tok("qwen-2.5"))
+    # Qwen2.5 reads no reasoning key and so shows no layout for it: refused in one line, unless the data writes the
+    # trace inline (its own layout) or data.reasoning_layout names the model's.
+    with pytest.raises(DataError, match="does not show how the model lays out reasoning.*data.reasoning_layout"):
+        rows([{"messages": REASONING_CHAT[:2]}], tok("qwen-2.5"))
+    layout = "<think>\n{reasoning}\n</think>\n\n"
+    (row,), _ = rows([{"messages": REASONING_CHAT[:2]}], tok("qwen-2.5"), reasoning_layout=layout)
     assert trained_spans(tok("qwen-2.5"), row) == ["<think>\ntwo and two make four\n</think>\n\n4<|im_end|>"]
-    # DeepSeek-R1's generation prompt opens the think block itself and its template drops the trace: the turn
-    # is trained as the model writes it after that prompt.
+    inline = [{"role": m["role"], "content": f"<think>\n{m['reasoning_content']}\n</think>\n\n{m['content']}"}
+              if "reasoning_content" in m else m for m in REASONING_CHAT]
+    assert rows([{"messages": inline[:2]}], tok("qwen-2.5"))[0] == [row]
+    # DeepSeek-R1's generation prompt opens the think block itself and its template drops the trace: the turn is
+    # trained as the model writes it after that prompt, in the record's own inline layout or data.reasoning_layout.
     r1 = tok("deepseek-r1")
-    out, _ = rows([{"messages": REASONING_CHAT}], r1)
+    with pytest.raises(DataError, match="does not show how the model lays out reasoning"):
+        rows([{"messages": REASONING_CHAT}], r1)
+    out, _ = rows([{"messages": REASONING_CHAT}], r1, reasoning_layout=layout)
+    assert rows([{"messages": inline}], r1)[0] == out
     # Compared as ids: decoding this tokenizer differs across transformers versions (its spaces), encoding does not.
     expected = ["two and two make four\n</think>\n\n4<｜end▁of▁sentence｜>",
                 "three and three make six\n</think>\n\n6<｜end▁of▁sentence｜>"]
@@ -160,7 +170,7 @@ def test_reasoning_in_templates_without_a_reasoning_key(tok):
 
 def test_a_template_that_drops_reasoning_is_refused_or_trained_without_it_when_asked(tok):
     v31 = tok("deepseek-v3.1")
-    with pytest.raises(DataError, match="does not render the reasoning of assistant turn 1.*ignore_fields"):
+    with pytest.raises(DataError, match="does not show how the model lays out reasoning.*ignore_fields"):
         rows([{"messages": REASONING_CHAT[:2]}], v31)
     (row,), report = rows([{"messages": REASONING_CHAT[:2]}], v31, ignore_fields=["reasoning_content"])
     assert "two and two" not in v31.decode(row["input_ids"])

