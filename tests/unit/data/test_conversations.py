@@ -10,13 +10,12 @@ import copy
 import json
 
 import pytest
-import transformers
-from packaging.version import Version
 
 from anyfit.config import DataConfig
 from anyfit.data.formats import to_examples
 from anyfit.data.sources import DataError
 from anyfit.data.tokenization import IGNORE_INDEX, tokenize_dataset, tokenize_example
+from anyfit.model.tokenizer import as_its_file
 
 WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
                                              "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
@@ -38,8 +37,8 @@ def tok(real_tokenizer_dir):
     made = {}
 
     def get(name):
-        if name not in made:
-            made[name] = AutoTokenizer.from_pretrained(real_tokenizer_dir(name))
+        if name not in made:  # checked against its tokenizer.json, as anyfit loads it
+            made[name] = as_its_file(AutoTokenizer.from_pretrained(real_tokenizer_dir(name)))
         return made[name]
 
     return get
@@ -161,8 +160,6 @@ def test_reasoning_in_templates_without_a_reasoning_key(tok):
     # Compared as ids: decoding this tokenizer differs across transformers versions (its spaces), encoding does not.
     expected = ["two and two make four\n</think>\n\n4<｜end▁of▁sentence｜>",
                 "three and three make six\n</think>\n\n6<｜end▁of▁sentence｜>"]
-    if Version(transformers.__version__) < Version("5.23"):  # see the closing note of issue 40: the lower bounds'
-        return  # DeepSeek tokenizer tokenizes '<think>\ntwo' otherwise there; the whole-text ids are checked elsewhere
     assert [[t for t, label in zip(row["input_ids"], row["labels"]) if label != IGNORE_INDEX] for row in out] == [
         r1(text, add_special_tokens=False)["input_ids"] for text in expected]
     assert all(row["input_ids"].count(r1.convert_tokens_to_ids("<think>")) == 1 for row in out)
@@ -350,3 +347,24 @@ def test_openai_weight_zero_keeps_a_turn_out_of_the_loss(tok):
     assert trained_spans(qwen, row) == ["good answer<|im_end|>"] and "bad answer" in qwen.decode(row["input_ids"])
     with pytest.raises(DataError, match="message 1 is marked as context .*, but TRL trains every assistant turn"):
         rows([{"messages": chat}], qwen, template="trl")
+
+
+def test_a_tokenizer_that_encodes_unlike_its_file_is_loaded_as_the_file(real_tokenizer_dir, tmp_path, capsys):
+    # transformers 5.18 builds DeepSeek-R1's tokenizer from its config's class and drops spaces and newlines; the
+    # same mismatch made here: the folder's tokenizer.json lowercases, the loaded tokenizer does not.
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "tok"
+    shutil.copytree(real_tokenizer_dir("qwen-2.5"), folder)
+    loaded = AutoTokenizer.from_pretrained(folder)
+    spec = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    spec["normalizer"] = {"type": "Lowercase"}
+    (folder / "tokenizer.json").write_text(json.dumps(spec), encoding="utf-8")
+    exact = as_its_file(loaded)
+    assert exact is not loaded and exact("Two")["input_ids"] == exact("two")["input_ids"] != loaded("Two")["input_ids"]
+    assert exact.chat_template == loaded.chat_template and exact.eos_token == loaded.eos_token
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "loaded the file as it is instead" in out
+    assert as_its_file(exact) is exact  # a faithful tokenizer is kept as it is

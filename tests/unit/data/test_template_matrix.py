@@ -20,6 +20,7 @@ from anyfit.data.sources import DataError
 from anyfit.data.stopping import stop_token_ids
 from anyfit.data.templates import PromptLayout, render
 from anyfit.data.tokenization import IGNORE_INDEX, tokenize_dataset
+from anyfit.model.tokenizer import as_its_file
 
 MISTRAL_V02 = (
     "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
@@ -144,7 +145,7 @@ def tok(real_tokenizer_dir):
     def get(name):
         if name not in made:
             folder, template = TEMPLATES[name]
-            tokenizer = AutoTokenizer.from_pretrained(real_tokenizer_dir(folder))
+            tokenizer = as_its_file(AutoTokenizer.from_pretrained(real_tokenizer_dir(folder)))  # as anyfit loads it
             if template is not None:
                 jinja = _data_dir() / template / "chat_template.jinja" if "{" not in template else None
                 tokenizer.chat_template = jinja.read_text(encoding="utf-8") if jinja else template
