@@ -24,7 +24,8 @@ from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, m
 from anyfit.model.savers import install_savers
 from anyfit.model.shape import resolve_lora_targets
 from anyfit.model.source import ModelSource, locate_model
-from anyfit.model.tokenizer import ensure_pad_token
+from anyfit.model.quiet import quiet_peft
+from anyfit.model.tokenizer import as_its_file, ensure_pad_token
 
 
 def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, empty: bool = False) -> nn.Module:
@@ -136,8 +137,9 @@ def find_lora_targets(model: nn.Module, spec: list[str] | str) -> list[str]:
 
 
 def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
-    from peft import LoraConfig as PeftLoraConfig
-    from peft import get_peft_model, prepare_model_for_kbit_training
+    with quiet_peft(cfg.qlora):
+        from peft import LoraConfig as PeftLoraConfig
+        from peft import get_peft_model, prepare_model_for_kbit_training
 
     linear = linear_leaf_names(model)
     targets = lora_targets(model, find_lora_targets(model, cfg.target_modules), linear, cfg)  # + the MoE experts
@@ -148,7 +150,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
                               target_modules=lora_scope(model, targets.modules),
                               bias="none", task_type="CAUSAL_LM",
                               **({"target_parameters": targets.parameters} if targets.parameters else {}))
-    model = get_peft_model(model, peft_cfg)
+    with quiet_peft(cfg.qlora):
+        model = get_peft_model(model, peft_cfg)
     if dropout != cfg.dropout:
         restore_dropout(model, cfg.dropout)
     model.anyfit_left_out = targets.left_out  # named in the MoE summary line (anyfit.model.moe.moe_summary)
@@ -178,7 +181,7 @@ def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str
     tok = AutoTokenizer.from_pretrained(loc.tokenizer, **({"gguf_file": loc.gguf_file}
                                                            if loc.tokenizer == loc.base and loc.gguf_file else {}),
                                         **common)
-    ensure_pad_token(tok, loc.tokenizer)
+    tok = ensure_pad_token(as_its_file(tok, revision), loc.tokenizer)
     if not isinstance(dtype, torch.dtype):  # "auto" or a dtype name: the runtime policy decides and checks
         dtype = inference_policy(device, dtype).compute_dtype
     kwargs = dict(dtype=dtype, **common)
@@ -190,9 +193,10 @@ def load_for_inference(name_or_path: str | Path, device: str = "cpu", dtype: str
     if loc.gguf_file:
         drop_gguf_quantizer(model)
     if loc.adapter:
-        from peft import PeftModel
+        with quiet_peft(quantized=False):
+            from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, loc.adapter, is_trainable=False)
+            model = PeftModel.from_pretrained(model, loc.adapter, is_trainable=False)
         if merge_lora:
             model = model.merge_and_unload()
     model.to(device)

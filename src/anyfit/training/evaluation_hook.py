@@ -27,5 +27,6 @@ class Evaluation(Hook):
             self.loop.log.write(record)
             self.loop.result.evals.append(record)
             run.parts.say(f"[anyfit] eval at step {done}: "
-                          + ", ".join(f"{k}={v}" for k, v in record.items() if k != "step"))
+                          + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                      for k, v in record.items() if k != "step"))
             self.loop.checkpoints.saw(record)  # train.keep_best: a better value makes this step's checkpoint due
