@@ -540,3 +540,15 @@ def test_a_think_block_the_template_never_closes_needs_the_models_layout(tok):
     with pytest.raises(Exception, match="must hold '\\{reasoning\\}' once"):
         from anyfit.config import load_config
         load_config(None, ["data.reasoning_layout=<think>"])
+
+
+def test_the_empty_block_a_template_closes_after_its_prompt_is_context_unless_asked(tok):
+    # GLM-4.7's prompt opens '<think>'; a turn without reasoning closes it with '</think>' (the template's own
+    # text): that close is the empty block, kept as context unless data.train_empty_think.
+    glm = tok("glm-4.7-flash")
+    chat = [user("Usermark one?"), assistant("Result alpha.")]
+    (row,), report = tokenize_dataset([{"messages": chat}], glm, DataConfig())
+    assert glm.decode(row["input_ids"]).endswith("<|assistant|><think></think>Result alpha.<|user|>")
+    assert spans(glm, row) == ["Result alpha.<|user|>"] and report.notes["empty_think_masked"] == 1
+    (row,), report = tokenize_dataset([{"messages": chat}], glm, DataConfig(train_empty_think=True))
+    assert spans(glm, row) == ["</think>Result alpha.<|user|>"] and report.notes["empty_think_trained"] == 1
