@@ -187,7 +187,8 @@ class ChatTemplate:
         split = inline_reasoning(message.get("content") or "") if not reasoning else None
         traced = reasoning or (split[0].strip() if split else "")
         if self.reasoning.key and self.reasoning.layout:  # the template's layout, around this very turn
-            marked = {**(split and {**message, "content": split[1]} or message), "reasoning_content": _TRACE}
+            answer_only = {**message, "content": split[1]} if split else message
+            marked = {**answer_only, "reasoning_content": _TRACE}
             shown = self.apply(messages[:i] + [marked], False)
             if shown.startswith(before) and _TRACE in shown[len(before):]:
                 return before + shown[len(before):].replace(_TRACE, traced, 1)
@@ -205,8 +206,9 @@ class ChatTemplate:
             return None
         answer, between = through[len(head):], layout.between
         close = between.strip()
-        if close and answer.lstrip().startswith(close):  # the template writes the close itself (DeepSeek-V3.1's
-            between, answer = between[:between.index(close)], answer.lstrip()  # thinking mode): from there on, its
+        if close and answer.lstrip().startswith(close):
+            # The template writes the close itself (DeepSeek-V3.1's thinking mode): its text from there on.
+            between, answer = between[:between.index(close)], answer.lstrip()
         elif between[-1:].isspace():  # the separator is the layout's, not the answer's
             answer = answer.lstrip()
         pad, have = layout.lead[len(layout.lead.rstrip()):], before[len(before.rstrip()):]
