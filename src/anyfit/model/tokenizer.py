@@ -2,10 +2,11 @@
 the modeling stack (transformers' modeling code and anyfit's attention: about 6 s of a 2-core VM's start-up that a
 data-only command would pay for nothing).
 
-The tokenizer is checked against its own ``tokenizer.json``: transformers up to 5.2x rebuilds some tokenizers from
-the class their config names instead of their file (DeepSeek-R1's config says LlamaTokenizerFast over a byte-level
-vocabulary; transformers 5.18 then drops its spaces and newlines). Such a tokenizer trains ids no server gives the
-model, so it is reloaded as the file itself (transformers' generic fast tokenizer), in one printed line.
+The tokenizer is checked against its own ``tokenizer.json``: transformers 5 rebuilds some tokenizers from the class
+their config names instead of their file (DeepSeek-R1's config says LlamaTokenizerFast over a byte-level vocabulary:
+transformers 5.18 then drops its spaces and newlines; MiniMax-M1/M2's says GPT2Tokenizer: 5.23 then splits text with
+GPT-2's pattern, not MiniMax's). Such a tokenizer trains ids the model was not released with, so it is reloaded as
+the file itself (transformers' generic fast tokenizer), in one printed line.
 """
 
 from __future__ import annotations
@@ -57,8 +58,8 @@ def as_its_file(tokenizer, revision: str | None = None):
                           f"tokenizer.json under transformers {transformers.__version__}, also when loaded as that file: "
                           "upgrade transformers, or set model.tokenizer to a tokenizer that loads as it is.")
     print(f"[anyfit] tokenizer: transformers {transformers.__version__} built {type(tokenizer).__name__} for "
-          f"{tokenizer.name_or_path}, whose ids differ from its tokenizer.json's (spaces, newlines); loaded the file as "
-          "it is instead, as servers do")
+          f"{tokenizer.name_or_path}, whose ids differ from its own tokenizer.json's; loaded that file as it is "
+          "instead (the tokenizer the model was released with)")
     return exact
 
 

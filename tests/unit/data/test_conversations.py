@@ -366,5 +366,18 @@ def test_a_tokenizer_that_encodes_unlike_its_file_is_loaded_as_the_file(real_tok
     assert exact is not loaded and exact("Two")["input_ids"] == exact("two")["input_ids"] != loaded("Two")["input_ids"]
     assert exact.chat_template == loaded.chat_template and exact.eos_token == loaded.eos_token
     out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "loaded the file as it is instead" in out
+    assert out.count("\n") == 1 and "loaded that file as it is instead" in out
     assert as_its_file(exact) is exact  # a faithful tokenizer is kept as it is
+
+
+def test_minimax_is_loaded_as_its_tokenizer_json_says(real_tokenizer_dir):
+    # transformers 5.23 builds MiniMax-M2's tokenizer as GPT2Tokenizer (GPT-2's split pattern: ',' then two
+    # newlines) where its tokenizer.json splits ',\n\n' as one piece: the file's ids are the model's.
+    from tokenizers import Tokenizer
+    from transformers import AutoTokenizer
+
+    folder = real_tokenizer_dir("minimax")
+    text = "Two  spaces,\n\nnew lines\tand tabs: 1234"
+    expected = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+    tokenizer = as_its_file(AutoTokenizer.from_pretrained(folder))
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == expected
