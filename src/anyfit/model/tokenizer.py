@@ -11,6 +11,7 @@ the file itself (transformers' generic fast tokenizer), in one printed line.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from anyfit.config import ConfigError, ModelConfig
@@ -57,9 +58,10 @@ def as_its_file(tokenizer, revision: str | None = None):
         raise ConfigError(f"The tokenizer of {tokenizer.name_or_path} encodes text differently from its own "
                           f"tokenizer.json under transformers {transformers.__version__}, also when loaded as that file: "
                           "upgrade transformers, or set model.tokenizer to a tokenizer that loads as it is.")
-    print(f"[anyfit] tokenizer: transformers {transformers.__version__} built {type(tokenizer).__name__} for "
-          f"{tokenizer.name_or_path}, whose ids differ from its own tokenizer.json's; loaded that file as it is "
-          "instead (the tokenizer the model was released with)")
+    if os.environ.get("RANK", "0") == "0":  # once per run, not once per process of a launched run
+        print(f"[anyfit] tokenizer: transformers {transformers.__version__} built {type(tokenizer).__name__} for "
+              f"{tokenizer.name_or_path}, whose ids differ from its own tokenizer.json's; loaded that file as it is "
+              "instead (the tokenizer the model was released with)")
     return exact
 
 
