@@ -5,7 +5,7 @@ The training forward is the run's own (train mode, dropout off, the training dty
 or padded as the run's micro-batches are); the inference path is transformers' ``generate`` in eval mode, with the
 KV cache (or the state cache a hybrid model asks for) that it builds itself: a prefill, then one token at a time,
 each next token forced to the probe's own (teacher forcing), with ``output_logits``. Two probes from the data, of
-``PROBE_TOKENS`` tokens each: the first is decoded from its first token on (every position through the cache), the
+at most ``PROBE_TOKENS`` tokens: the first is decoded from its first token on (every position through the cache), the
 second after a prefill of its first half. A difference beyond the dtype's round-off (``tolerance``) is re-run with
 hooks on the decoder layers, and the first layer whose hidden state at the first differing position differs is
 named in the one line printed. ``check_inference`` refuses the run then (``InferenceMismatch``) unless
@@ -25,10 +25,10 @@ from torch import nn
 
 from anyfit.config import ConfigError
 from anyfit.model.layers import decoder_stack
+from anyfit.training.loss import MODEL_INPUTS
 from anyfit.training.packing_check import agreed_max, reshard, transformers_model
 
 PROBE_TOKENS = 32  # tens of tokens: past the tests' 8-token windows, a few dozen decode steps on any model
-MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
 
 
 class InferenceMismatch(ConfigError):
@@ -51,12 +51,12 @@ class InferenceVerdict:
 def unit_roundoff(compute_dtype: torch.dtype, device) -> float:
     """Half the machine epsilon of what the matmuls round to: the compute dtype, or TF32/bf16 where PyTorch is allowed
     to run fp32 matmuls in them (CUDA's TF32, ``torch.set_float32_matmul_precision``)."""
-    if compute_dtype == torch.float32 and torch.device(device).type == "cuda":
+    if compute_dtype == torch.float32:
         precision = torch.get_float32_matmul_precision()
         if precision == "medium":
             return torch.finfo(torch.bfloat16).eps / 2
-        if precision == "high" or torch.backends.cuda.matmul.allow_tf32:
-            return 2.0 ** -11  # TF32 keeps 10 mantissa bits
+        if torch.device(device).type == "cuda" and (precision == "high" or torch.backends.cuda.matmul.allow_tf32):
+            return 2.0 ** -11  # TF32 keeps 10 mantissa bits (hardware.runtime turns it on for runtime.tf32)
     return torch.finfo(compute_dtype).eps / 2
 
 
@@ -153,9 +153,11 @@ def _generated_logits(model: nn.Module, probe: list[int], prefill: int, pad_id: 
     # never forced
     forced = set(probe)
     end = next(t for t in range(vocab) if t not in forced)
-    config = GenerationConfig(max_new_tokens=len(probe) - prefill + 1, do_sample=False, num_beams=1,
-                              output_logits=True, return_dict_in_generate=True, eos_token_id=end,
-                              pad_token_id=pad_id, temperature=None, top_p=None, top_k=None)
+    # greedy, with the neutral values of the sampling knobs, so that the checkpoint's own (temperature, top_k, a
+    # max_length) are not read into it and warned about; the forcing replaces the scores whatever they were
+    config = GenerationConfig(max_length=len(probe) + 1, do_sample=False, num_beams=1, temperature=1.0, top_p=1.0,
+                              top_k=50, output_logits=True, return_dict_in_generate=True, eos_token_id=end,
+                              pad_token_id=pad_id)
     ids = torch.tensor([probe[:prefill]], device=device)
     out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config,
                          logits_processor=LogitsProcessorList([_Forced(probe)]))

@@ -13,9 +13,10 @@ import torch
 from families import FAMILIES, Examples, tiny_model
 from transformers import AutoConfig, AutoModelForImageTextToText, LlamaForCausalLM
 
+from anyfit.config import ConfigError, load_config
 from anyfit.data.batching import collate
 from anyfit.model.attention import register
-from anyfit.training.inference_check import InferenceMismatch, check_inference, tolerance
+from anyfit.training.inference_check import InferenceMismatch, check_inference, tolerance, unit_roundoff
 from anyfit.training.packing_check import choose_packing
 
 
@@ -43,6 +44,16 @@ def test_training_forward_equals_generate_for_every_family(family):
     verdict = _check(tiny_model(family, "anyfit_varlen"))
     assert verdict.agrees and verdict.error <= verdict.tolerance, verdict.line
     assert "agree on 2 probes" in verdict.line
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen3_moe", "qwen3_5"])
+def test_bf16_autocast_passes_within_bf16_round_off(family):
+    """The run's mixed precision: both paths under bf16 autocast, the tolerance from bf16's epsilon."""
+    model = tiny_model(family)
+    verdict = check_inference(model, _examples(), functools.partial(collate, pad_id=0), 0, "cpu", torch.bfloat16,
+                              lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert verdict.agrees, verdict.line
+    assert verdict.tolerance > 1e3 * tolerance(torch.float32, "cpu", 5, 32, 32 * 512)
 
 
 _TEXT = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -102,6 +113,7 @@ def _broken():
 def test_a_broken_cache_path_refuses_the_run_in_one_line_naming_the_class_and_layer():
     with pytest.raises(InferenceMismatch) as refused:
         _check(_broken(), packed=False)
+    assert isinstance(refused.value, ConfigError)  # the CLI's one "anyfit: error:" line, exit 2
     line = str(refused.value)
     assert "\n" not in line
     assert "CacheBrokenLlama" in line and "decoder layer 1 (LlamaDecoderLayer" in line, line
@@ -121,3 +133,17 @@ def test_the_tolerance_follows_the_dtype_and_the_depth():
     fp32 = tolerance(torch.float32, "cpu", 5, 32, 10_000)
     assert fp32 < tolerance(torch.bfloat16, "cpu", 5, 32, 10_000) < tolerance(torch.bfloat16, "cpu", 65, 32, 10_000)
     assert fp32 < 1e-5  # fp32 round-off, far below the 1e-3 the broken model moves its layer by
+    was = torch.backends.cuda.matmul.allow_tf32
+    try:  # fp32 matmuls on CUDA in TF32 (runtime.tf32) round to 10 mantissa bits
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert unit_roundoff(torch.float32, "cuda") == 2.0 ** -11 > unit_roundoff(torch.float32, "cpu")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = was
+
+
+@pytest.mark.parametrize("value, mode", [("warn", "warn"), ("false", False), ("true", True)])
+def test_the_setting_reads_true_warn_or_false(value, mode):
+    assert load_config(None, [f"train.inference_check={value}"]).train.inference_check == mode
+    assert load_config(None, []).train.inference_check is True
+    with pytest.raises(ConfigError):
+        load_config(None, ["train.inference_check=maybe"])
