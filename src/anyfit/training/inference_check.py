@@ -25,6 +25,7 @@ from torch import nn
 
 from anyfit.config import ConfigError
 from anyfit.model.layers import decoder_stack
+from anyfit.model.packing import stateful_layers
 from anyfit.training.loss import MODEL_INPUTS
 from anyfit.training.packing_check import agreed_max, reshard, transformers_model
 
@@ -60,17 +61,19 @@ def unit_roundoff(compute_dtype: torch.dtype, device) -> float:
     return torch.finfo(compute_dtype).eps / 2
 
 
-def tolerance(compute_dtype: torch.dtype, device, roundings: int, width: int, compared: int) -> float:
+def tolerance(compute_dtype: torch.dtype, device, roundings: int, width: int, compared: int, chain: int = 0) -> float:
     """The largest difference, relative to the largest |value| compared, that round-off explains.
 
     Each path rounds every sublayer's output before adding it to the residual stream, and the head's (``roundings``
-    of them): to the compute dtype (u), after a dot product of ``width`` terms that the two paths' kernels
-    (a whole sequence, one token) accumulate in fp32 in different orders (up to u_fp32 * sqrt(width) of its
-    scale). Independent round-offs add like a random walk, times sqrt(roundings), and two paths differ by sqrt(2)
-    of one; the largest of ``compared`` such differences lies within sqrt(2 ln compared) of their spread (the
-    maximum of that many normal draws). A leaked window, a wrong position or a lost state moves logits by a
-    sizeable part of their scale."""
-    each = unit_roundoff(compute_dtype, device) + torch.finfo(torch.float32).eps / 2 * math.sqrt(width)
+    of them): to the compute dtype (u), after fp32 accumulations that the two paths' kernels (a whole sequence, one
+    token) run in different orders: a dot product of ``width`` terms (up to u_fp32 * sqrt(width) of its scale), and
+    in a layer with a state along the sequence, the ``chain`` of the state's updates over the probe's tokens
+    (recurrent when decoding, a chunked solve in training: carried from token to token, so up to u_fp32 * chain).
+    Independent round-offs add like a random walk, times sqrt(roundings), and two paths differ by sqrt(2) of one;
+    the largest of ``compared`` such differences lies within sqrt(2 ln compared) of their spread (the maximum of
+    that many normal draws). A leaked window, a wrong position or a lost state moves logits by a sizeable part of
+    their scale."""
+    each = unit_roundoff(compute_dtype, device) + torch.finfo(torch.float32).eps / 2 * (math.sqrt(width) + chain)
     return math.sqrt(2 * math.log(max(compared, 2))) * math.sqrt(2 * roundings) * each
 
 
@@ -189,7 +192,7 @@ def _layer_states(model: nn.Module, layers: nn.ModuleList):
 
 
 def first_differing_layer(model: nn.Module, batch: dict, span: tuple[int, int], probe: list[int], prefill: int,
-                          position: int, probabilities, pad_id: int, device, compute_dtype) -> str:
+                          position: int, probabilities, pad_id: int, device, compute_dtype, chain: int) -> str:
     """The first decoder layer whose output at ``position`` differs between the two paths beyond round-off."""
     found = decoder_stack(transformers_model(model))
     if found is None:
@@ -213,7 +216,7 @@ def first_differing_layer(model: nn.Module, batch: dict, span: tuple[int, int], 
         a = trained[i][0][row, start + position]
         b = torch.cat([s[0] for s in generated[i]])[position]  # prefill then one position per decoding step
         error = float((a - b).abs().max() / b.abs().max().clamp(min=1e-6))
-        if error > tolerance(compute_dtype, device, 2 * (i + 1), a.numel(), a.numel()):
+        if error > tolerance(compute_dtype, device, 2 * (i + 1), a.numel(), a.numel(), chain):
             return f"first in decoder layer {i} ({type(layer).__name__}, {error:.1e} of its scale)"
     return "the decoder layers agree: first after them (final norm or output layer)"
 
@@ -236,8 +239,9 @@ def check_inference(model: nn.Module, examples, collate, pad_id: int, device, co
     runs = [(0, 1), (len(probes) - 1, len(probes[-1]) // 2)]
     batch = collate([{"input_ids": p, "labels": list(p)} for p in probes])
     spans = _spans(batch, probes)
+    chain = max(map(len, probes)) if stateful_layers(inner) else 0
     limit = tolerance(compute_dtype, device, 2 * text.num_hidden_layers + 1, text.hidden_size,
-                      sum(len(probes[p]) - k + 1 for p, k in runs) * text.vocab_size)
+                      sum(len(probes[p]) - k + 1 for p, k in runs) * text.vocab_size, chain)
     with _modes(model) as probabilities, torch.no_grad(), autocast():
         try:
             train_logits = _training_forward(model, batch, probabilities, device)
@@ -254,7 +258,7 @@ def check_inference(model: nn.Module, examples, collate, pad_id: int, device, co
                 position = k - 1 + int(over.nonzero()[0, 0] if over.any() else errors[r].argmax())
                 where = (f"at position {position} of probe {p + 1} (prefill of {k}), "
                          + first_differing_layer(model, batch, spans[p], probes[p], k, position, probabilities,
-                                                 pad_id, device, compute_dtype))
+                                                 pad_id, device, compute_dtype, chain))
         finally:
             reshard(model)
     if error <= limit:
