@@ -8,6 +8,7 @@ config; ``tiny_model`` the model, seeded.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 WINDOW = 8  # every windowed family gets this window, so 20-token examples cross it
@@ -70,3 +71,11 @@ def tiny_model(family: str, attn_implementation: str | None = None, **overrides)
     torch.manual_seed(0)
     kwargs = {"attn_implementation": attn_implementation} if attn_implementation else {}
     return AutoModelForCausalLM.from_config(tiny_config(family, **overrides), **kwargs)
+
+
+class Examples(list):
+    """A list of examples with the ``lengths`` a token store's view has (what the start-up checks read)."""
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.array([len(e["input_ids"]) for e in self])

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import contextlib
 
-import numpy as np
 import pytest
 import torch
-from families import FAMILIES, STATEFUL, tiny_model
+from families import FAMILIES, STATEFUL, Examples, tiny_model
 
 import anyfit.model.attention as attention
 from anyfit.data.batching import IGNORE_INDEX, collate, to_device
@@ -28,17 +27,9 @@ from anyfit.training.packing_check import choose_packing
 TOLERANCE = 1e-5
 
 
-class _Examples(list):
-    """A list of examples with the ``lengths`` a token store's view has."""
-
-    @property
-    def lengths(self) -> np.ndarray:
-        return np.array([len(e["input_ids"]) for e in self])
-
-
-def _examples(vocab: int = 512) -> _Examples:
+def _examples(vocab: int = 512) -> Examples:
     g = torch.Generator().manual_seed(1)
-    out = _Examples()
+    out = Examples()
     for length in (20, 5, 30, 12, 3, 17):  # most longer than the window of 8
         ids = torch.randint(3, vocab, (length,), generator=g).tolist()
         prompt = length // 4

@@ -1,7 +1,8 @@
-"""Model families inside real runs: the packing self-test's line printed and recorded, a packed run of a windowed
-model (Mistral, window 8 tokens, examples of 10-30) or of a hybrid (Qwen3.5: linear attention, never packed) giving
-the per-step losses of the same run with train.packing=false, and LoRA runs of families with sinks, windows, linear
-attention and latent attention with experts exported as the architecture they started from, with the same logits."""
+"""Model families inside real runs: the packing self-test's and the inference check's lines printed and recorded,
+a packed run of a windowed model (Mistral, window 8 tokens, examples of 10-30) or of a hybrid (Qwen3.5: linear
+attention, never packed) giving the per-step losses of the same run with train.packing=false, and LoRA runs of
+families with sinks, windows, linear attention and latent attention with experts exported as the architecture they
+started from, with the same logits."""
 
 from __future__ import annotations
 
@@ -44,8 +45,11 @@ def test_packed_run_equals_padded_run(family, packed_line, qwen_tokenizer_dir, t
         runs[packing] = train(cfg, echo=said.append if packing == "true" else lambda *a: None)
     assert same_losses(runs["true"].losses, runs["false"].losses, STEPS)
     assert any(packed_line in line for line in said), said
+    # and the training forward, packed or padded as decided, computes what generate does with its cache
+    assert any("inference check: training forward and generate agree" in line for line in said), said
     info = json.loads((tmp_path / "true" / "run_info.json").read_text())
     assert info["packing"]["packed"] is (family != "qwen3_5")
+    assert info["inference_check"]["agrees"] and info["inference_check"]["error"] <= info["inference_check"]["tolerance"]
     assert "packing" not in json.loads((tmp_path / "false" / "run_info.json").read_text())
 
 

@@ -228,6 +228,13 @@ class TrainConfig:
         "window) packed and one at a time on the real model in its training dtype; if they differ beyond round-off, "
         "fall back to transformers' own attention with a block mask per row, then to padded batches, and say so. "
         "About two forwards of 256 tokens (more where a window is longer, at most data.max_length); false skips it.")
+    inference_check: bool | Literal["warn"] = _f(
+        True, "Before the first step, check that the training forward (train mode, dropout off, the training dtype, "
+        "packed or padded as the run trains) computes the logits that inference does: generate with its KV cache "
+        "(or a hybrid model's state cache), a prefill and then one token at a time, forced to two probe sequences of "
+        "32 data tokens, compared at every position against the dtype's round-off. A difference stops the run with "
+        "one line naming the model class and the first decoder layer that differs. warn: print that line and train "
+        "anyway; false: skip the check. About 70 forwards of one token and one of 64.")
     loss_chunk_tokens: int = _f(
         1024, "Take the cross-entropy in fp32 this many tokens at a time, so fp32 logits over the whole vocabulary "
         "never exist for more rows (0: plain torch cross-entropy on all trained positions at once).")

@@ -3,8 +3,9 @@
 Setup asks the module that owns each part and keeps it in one record (``training.parts.Parts``): the runtime policy
 (``hardware.runtime``), the backend that spreads the run over its processes (``anyfit.backends``, chosen once and
 never branched on), where the run starts (``training.checkpoints.start``), the data and held-out sets
-(``data.prepare``), the model and optimizer (the backend, ``training.optim``), the micro-batch
-(``training.autofit``) and the run folder (``training.run_record``).
+(``data.prepare``), the model and optimizer (the backend, ``training.optim``), the start-up checks on the real model
+(``start_up_checks``: the packing self-test, then the training forward against generate's cached decoding), the
+micro-batch (``training.autofit``) and the run folder (``training.run_record``).
 
 Per optimizer step: take this process's micro-batches of the step's accumulation window, run forward
 and backward on each (gradients reduced as the backend does), scale so the update is the mean over every
@@ -44,11 +45,12 @@ from anyfit.training.divergence import NonFiniteGuard, TrainingDiverged, diagnos
 from anyfit.training.evaluation_hook import Evaluation
 from anyfit.training.forgetting import watch_base
 from anyfit.training.hooks import Loop, RunEnd, StepDone
+from anyfit.training.inference_check import InferenceVerdict, check_inference
 from anyfit.training.interruption import StopOnSignal
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.metrics import MetricsLog, finish_failed_trackers, requested_trackers, start_trackers
 from anyfit.training.optim import build_optimizer, build_scheduler, check_optimizer
-from anyfit.training.packing_check import choose_packing
+from anyfit.training.packing_check import PackingVerdict, choose_packing
 from anyfit.training.parts import Parts
 from anyfit.training.run import Run, TrainResult
 from anyfit.training.run_end import Curves, FinalModel, HeldPerProcess, Report, Trackers
@@ -72,6 +74,23 @@ def total_steps(cfg: Config, sampler: WindowSampler, say=print) -> int:
     if cfg.train.max_steps > 0:
         return cfg.train.max_steps
     return max(1, math.ceil(cfg.train.epochs * sampler.steps_per_epoch))
+
+
+def start_up_checks(parts: Parts, examples) -> tuple[PackingVerdict | None, InferenceVerdict]:
+    """Before step 1, on the real model: the packing self-test decides how micro-batches are laid out
+    (``parts.collate``), then the training forward, laid out so, is checked against generate's cached decoding."""
+    cfg, policy, acc, pad_id = parts.cfg, parts.policy, parts.accelerator, parts.tokenizer.pad_token_id
+    packing = None
+    if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
+        packing = choose_packing(parts.model, examples, pad_id, cfg.data.max_length, acc.device, policy.compute_dtype,
+                                 acc.autocast, check=cfg.train.packing_check)
+        parts.say(f"[anyfit] {packing.line}")
+    parts.collate = functools.partial(collate, pad_id=pad_id, packed=bool(packing and packing.packed))
+    inference = check_inference(parts.model, examples=examples, collate=parts.collate, pad_id=pad_id,
+                                device=acc.device, compute_dtype=policy.compute_dtype, autocast=acc.autocast,
+                                mode=cfg.train.inference_check)  # training.inference_check
+    parts.say(f"[anyfit] {inference.line}")
+    return packing, inference
 
 
 def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=None) -> TrainResult:
@@ -134,15 +153,8 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run
                                                   cfg.runtime.fused_optimizer, backend.sharded), cfg, policy.device)
     scheduler = build_scheduler(optimizer, cfg.train, steps)  # on the optimizer whose groups the update reads
     parts.model, optimizer = backend.wrap(loaded.model, optimizer, accelerator, say)
-    packing = None
-    if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
-        packing = choose_packing(parts.model, data.examples, parts.tokenizer.pad_token_id, cfg.data.max_length,
-                                 accelerator.device, policy.compute_dtype, accelerator.autocast,
-                                 check=cfg.train.packing_check)
-        say(f"[anyfit] {packing.line}")
-    parts.collate = functools.partial(collate, pad_id=parts.tokenizer.pad_token_id,
-                                      packed=bool(packing and packing.packed))
-    if split.active:  # after the self-test, which runs whole sequences on every process
+    packing, inference = start_up_checks(parts, data.examples)
+    if split.active:  # after the start-up checks, which run whole sequences on every process
         split_attention(loaded.model, split.degree)
         say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
             f"{split.data_size} data-parallel group(s)")
@@ -171,7 +183,8 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run
         start_run_dir(parts.out, run.start if resume_from else None, cfg.to_yaml(),
                       describe_run(cfg, policy, backend, plan, steps, data.report, loaded,
                                    accelerator.num_processes)
-                      | {"mfu": peak.as_dict(), **base.record()} | ({"packing": packing.as_dict()} if packing else {}),
+                      | {"mfu": peak.as_dict(), **base.record(), "inference_check": inference.as_dict()}
+                      | ({"packing": packing.as_dict()} if packing else {}),
                       resume=resume_from and resume_record(resume_from, run.start, start.changes, data_note))
     return run
 

@@ -82,7 +82,7 @@ def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
     return probes
 
 
-def _transformers_model(model: nn.Module) -> nn.Module:
+def transformers_model(model: nn.Module) -> nn.Module:
     """The transformers model inside DDP's or DeepSpeed's ``.module`` and PEFT's wrapper (where
     ``set_attn_implementation`` lives; DeepSpeed's engine forwards attribute reads, but has a ``config`` of its own)."""
     from transformers import PreTrainedModel
@@ -92,7 +92,7 @@ def _transformers_model(model: nn.Module) -> nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def _reshard(model: nn.Module) -> None:
+def reshard(model: nn.Module) -> None:
     """FSDP2 keeps the root's gathered parameters registered after a forward without a backward (the root does not
     reshard after forward): register the shards again, which the optimizer and a resumed checkpoint address."""
     from torch.distributed.fsdp import FSDPModule
@@ -104,7 +104,7 @@ def _reshard(model: nn.Module) -> None:
 
 def _own_attention(model: nn.Module) -> str:
     """transformers' own attention for this model: SDPA where the model supports it, else eager."""
-    return "sdpa" if getattr(_transformers_model(model), "_supports_sdpa", False) else "eager"
+    return "sdpa" if getattr(transformers_model(model), "_supports_sdpa", False) else "eager"
 
 
 def _positions(length: int) -> list[int]:
@@ -127,7 +127,7 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each), and the
     kernels ``anyfit_varlen`` ran them on; alone runs through transformers' own attention, packed through the
     model's current one."""
-    inner = _transformers_model(model)
+    inner = transformers_model(model)
     current = inner.config._attn_implementation
     starts = np.cumsum([0] + [len(p["input_ids"]) for p in probes])
     kept = [_positions(len(p["input_ids"])) for p in probes]
@@ -142,20 +142,20 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     finally:
         inner.set_attn_implementation(current)
         model.train(was_training)
-        _reshard(model)
+        reshard(model)
     return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6)), sorted(kernels)
 
 
-def _agreed(error: float) -> float:
-    """The largest error of any process (every process must decide the same)."""
+def agreed_max(values: list[float]) -> list[float]:
+    """Each value's largest over the processes (every process must decide the same)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
-        t = torch.tensor([error], dtype=torch.float64)
+        t = torch.tensor(values, dtype=torch.float64)
         backend = torch.distributed.get_backend()
         if backend == "nccl":
             t = t.cuda()
         torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.MAX)
-        return float(t.item())
-    return error
+        return t.tolist()
+    return list(values)
 
 
 def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, device, compute_dtype: torch.dtype,
@@ -167,12 +167,16 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
     # run had not reached step 1 after a minute). Both compute the same function: the verdict is about attention.
     if isinstance(getattr(model, "_orig_mod", None), nn.Module):
         model = model._orig_mod
-    inner = _transformers_model(model)
+    inner = transformers_model(model)
     attention = inner.config._attn_implementation
     state = stateful_layers(inner)
     if state:
-        return PackingVerdict(False, attention, f"packing: off for this model ({state} carry a state along the row, "
-                                                "and transformers passes them no example boundaries): padded batches")
+        # padded rows gain nothing from anyfit_varlen, which cannot place a whole unpadded row of a layer kind it does
+        # not split (Falcon-H1's 'hybrid'): transformers' own attention, as it would run the model
+        own = _own_attention(model)
+        inner.set_attn_implementation(own)
+        return PackingVerdict(False, own, f"packing: off for this model ({state} carry a state along the row, "
+                                          "and transformers passes them no example boundaries): padded batches")
     if not check:
         return PackingVerdict(True, attention,
                               f"packing: on ({attention}), not self-tested (train.packing_check=false)")
@@ -188,7 +192,7 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
             error, kernels, reason = float("inf"), [], f"cannot split {why} per example"
         else:
             reason = f"differs from one example at a time by {error:.1e} (tolerance {tolerance:.0e})"
-        error = _agreed(error)
+        error = agreed_max([error])[0]
         if error <= tolerance:
             note = (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
                     "slower)") if tried else f"; per example: {', '.join(kernels)}" if kernels else ""

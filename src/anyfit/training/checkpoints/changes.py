@@ -105,7 +105,7 @@ RULES: dict[str, Rule] = {
     "train.seed": _refuse("it decides the order of the examples and the records held out: the resumed steps would "
                           "draw other windows"),
     "train.packing": _apply("the same windows laid out in other rows (packing is used only where it is exact)"),
-    "train.packing_check": _apply(_AT_ONCE),
+    "train.packing_check": _apply(_AT_ONCE), "train.inference_check": _apply(_AT_ONCE),
     "train.loss_chunk_tokens": _apply(_SAVER), "train.fused_loss": _apply(_SAVER),
     "train.router_aux_loss_coef": _apply("the routers' balance loss has the new weight from this step on"),
     "train.watch_base": _apply(_AT_ONCE), "train.base_kl_warn": _apply(_AT_ONCE),  # training.forgetting
