@@ -20,7 +20,8 @@ The FLOPs of one step, counted per example of the window (so padding, which is n
 
 The peak: the dense throughput of the GPU in the run's precision from ``anyfit.planning.presets.cuda_peak``
 (bf16/fp16 tensor cores; fp32 means TF32), or, on CPU and MPS where no datasheet figure applies, a dense
-matmul measured on the device at start (``measure_matmul_tflops``). Every process has one device: the run's
+matmul measured on the device, the best seen on this machine (``best_matmul_tflops``: a timing taken while
+the cores are shared reads low). Every process has one device: the run's
 peak is the per-device peak times the process count.
 """
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from anyfit.model.shape import ModelShape
-from anyfit.planning.presets import cuda_peak, measure_matmul_tflops
+from anyfit.planning.presets import best_matmul_tflops, cuda_peak
 
 
 @dataclass(frozen=True)
@@ -94,5 +95,5 @@ def device_peak(device: str, precision: str, cuda_name: str = "") -> DevicePeak:
         what = "TF32" if precision == "fp32" else precision
         return DevicePeak(tflops, f"{cuda_name}: dense {what} datasheet peak" + (f" ({note})" if note else ""))
     dtype = precision if device == "mps" else "fp32"  # the CPU trains in fp32 (the runtime policy's rule)
-    tflops = measure_matmul_tflops(device, dtype)
-    return DevicePeak(tflops, f"{device}: {dtype} 1024x1024 matmul measured at start")
+    tflops = best_matmul_tflops(device, dtype)
+    return DevicePeak(tflops, f"{device}: {dtype} 1024x1024 matmul, the best measured on this machine")
