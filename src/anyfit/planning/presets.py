@@ -228,17 +228,12 @@ def best_matmul_tflops(device: str = "cpu", dtype: str = "fp32") -> float:
     one, kept in the cache (``machine_peaks.json``, per processor, thread count and torch). A timing taken while
     other work shares the cores (the data workers, another job) reads low, and an MFU measured against it reads
     above 100% (the quickstart's did); the best one seen is the machine's."""
-    import torch
-
     measured = measure_matmul_tflops(device, dtype)
-    key = f"{device}|{dtype}|{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{torch.__version__}"
-    path = cache_root() / "machine_peaks.json"
-    try:
-        known = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):  # none yet, or unreadable: this measurement starts it
-        known = {}
-    best = max(measured, float(known.get(key, 0.0)))
+    known = _known_peaks()
+    key = _peak_key(device, dtype)
+    best = max(measured, known.get(key, 0.0))
     if best > known.get(key, 0.0):
+        path = cache_root() / _PEAKS_FILE
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_name(f".{path.name}.{os.getpid()}")
@@ -247,6 +242,28 @@ def best_matmul_tflops(device: str = "cpu", dtype: str = "fp32") -> float:
         except OSError:  # a read-only cache: the measurement still stands for this run
             pass
     return best
+
+
+def known_matmul_tflops(device: str = "cpu", dtype: str = "fp32") -> float | None:
+    """The best matmul rate measured on this machine so far (``best_matmul_tflops``), without measuring; None
+    before the first measurement."""
+    return _known_peaks().get(_peak_key(device, dtype))
+
+
+_PEAKS_FILE = "machine_peaks.json"
+
+
+def _peak_key(device: str, dtype: str) -> str:
+    import torch
+
+    return f"{device}|{dtype}|{platform.processor() or platform.machine()}|{torch.get_num_threads()}|{torch.__version__}"
+
+
+def _known_peaks() -> dict[str, float]:
+    try:
+        return {k: float(v) for k, v in json.loads((cache_root() / _PEAKS_FILE).read_text(encoding="utf-8")).items()}
+    except (OSError, ValueError, AttributeError):  # none yet, or unreadable: the next measurement starts it
+        return {}
 
 
 def measure_matmul_tflops(device: str = "cpu", dtype: str = "fp32", seconds: float = 0.3, n: int = 1024) -> float:
@@ -309,7 +326,8 @@ def this_machine(measure_cpu: bool = False) -> Target:
                       {"fp32": tflops, "bf16": tflops, "fp16": tflops}, 200.0,
                       note="this machine; Metal's recommended working set")
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    measured = {"fp32": measure_cpu_tflops()} if measure_cpu else {}
+    known = None if measure_cpu else known_matmul_tflops("cpu")
+    measured = {"fp32": measure_cpu_tflops() if measure_cpu else known} if measure_cpu or known else {}
     available = free_bytes("cpu") / GIB
     return Target("local", f"this CPU ({cores} cores)", "cpu", round(available, 1),
                   {"fp32": CPU_TFLOPS_PER_CORE * cores}, 20.0, measured=measured,

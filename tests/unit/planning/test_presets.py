@@ -26,3 +26,14 @@ def test_the_matmul_peak_is_the_best_seen_on_this_machine(tmp_path, monkeypatch)
     key = next(iter(stored))
     (tmp_path / "machine_peaks.json").write_text(json.dumps({key: first * 1000}))
     assert best_matmul_tflops("cpu") == first * 1000  # an earlier, better measurement stands
+
+
+def test_this_machine_plans_with_the_measured_rate_once_one_is_known(tmp_path, monkeypatch):
+    from anyfit.planning.presets import CPU_TFLOPS_PER_CORE, best_matmul_tflops, known_matmul_tflops, this_machine
+
+    monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path))
+    assert known_matmul_tflops("cpu") is None and this_machine().measured == {}  # the per-core assumption
+    best = best_matmul_tflops("cpu")
+    target = this_machine()
+    assert target.measured == {"fp32": best} and "measured" in target.note
+    assert target.tflops("fp32") == best != CPU_TFLOPS_PER_CORE
