@@ -16,7 +16,9 @@ from safetensors.torch import save_file
 from tiny_runs import config_for, write_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from anyfit.config import ModelConfig
 from anyfit.export.folder import export
+from anyfit.model.source import ModelSource
 from anyfit.training.loop import train
 
 MTP = {"mtp.fc.weight": torch.randn(32, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16),
@@ -82,6 +84,13 @@ def test_kept_in_checkpoints_resume_final_model_and_export(qwen35_with_mtp, tmp_
     assert_kept(exported.out)
     assert any(line.startswith("[anyfit] export: kept 2 tensors") for line in lines)
     AutoModelForCausalLM.from_pretrained(exported.out)
+
+    lines.clear()  # resumed again, dropping them: the final model written over the last one holds none, nor an index
+    train(config_for(qwen35_with_mtp, data, out, *common, "train.max_steps=6", "train.resume=auto",
+                     "model.keep_unloaded_tensors=false"), echo=lines.append)
+    assert sum(line.startswith("[anyfit] dropped 2 tensors") for line in lines) == 1
+    assert not set(MTP) & set(held(out)) and not (out / "model.safetensors.index.json").exists()
+    ModelSource.from_config(ModelConfig(name_or_path=str(out))).check_weights()
 
 
 def test_dropped_when_asked(qwen35_with_mtp, tmp_path):

@@ -59,8 +59,7 @@ def gather_sharded_checkpoint(folder: Path, echo=print) -> None:
     lora = cfg.lora.enabled or cfg.lora.qlora
     unloaded = None if lora else find_unloaded(model, cfg.model)  # the base's MTP tensors, as training saves them
     if unloaded is not None:
-        unloaded.write_into(folder)
-        echo(unloaded.line("[anyfit] export:"))
+        unloaded.write_into(folder)  # named by the export that reads this folder next
     tokenizer = load_tokenizer(cfg.model)
     use_chat_template(tokenizer, cfg.data.chat_template)  # the template the run trained with, as the run saves it
     tokenizer.save_pretrained(folder)

@@ -36,6 +36,17 @@ def is_kept_file(path: Path) -> bool:
     return path.name.startswith("model-unloaded-") and path.name.endswith(".safetensors")
 
 
+def clear_kept(folder: Path) -> None:
+    """Before a model is saved again into ``folder`` (a resumed run's final model): remove the tensors kept there by
+    the last save and the index that listed them. transformers deletes such ``-0000i-of-0000k`` files itself, but
+    leaves an index behind when the new model is one file: stale, it would name files that are gone."""
+    index = folder / INDEX
+    if index.is_file() and any(map(is_kept_file, map(Path, json.loads(index.read_text())["weight_map"].values()))):
+        index.unlink()
+    for file in folder.glob("model-unloaded-*.safetensors"):
+        file.unlink()
+
+
 @dataclass(frozen=True)
 class UnloadedTensors:
     """The tensors of the source checkpoint the model does not load, by source file, and whether they are kept."""

@@ -28,7 +28,7 @@ from anyfit.data import fingerprint
 from anyfit.data.stopping import write_generation_config
 from anyfit.durable import follow_umask
 from anyfit.model.source import record_base
-from anyfit.model.unloaded import UnloadedTensors
+from anyfit.model.unloaded import UnloadedTensors, clear_kept
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
     DELETING_CHECKPOINT_PREFIX,
@@ -87,6 +87,7 @@ def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path,
     state_dict = backend.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
         bare = unwrapped(model)
+        clear_kept(directory)  # what an earlier save of this folder kept (a resumed run's final model)
         bare.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
         adapter = (directory / "adapter_config.json").is_file()
         if unloaded is not None and not adapter:
