@@ -67,7 +67,8 @@ class UnloadedTensors:
         if self.keep:
             return (f"{prefix} kept {self.count} tensors the model does not load: {names} (written unchanged beside "
                     "its weights; model.keep_unloaded_tensors=false drops them)")
-        return f"{prefix} dropped {self.count} tensors the model does not load: {names} (model.keep_unloaded_tensors=false)"
+        return (f"{prefix} dropped {self.count} tensors the model does not load: {names} "
+                "(model.keep_unloaded_tensors=false)")
 
     def write_into(self, folder: Path) -> None:
         """Write the tensors (when kept) beside the model ``save_pretrained`` just wrote into ``folder``, and list
