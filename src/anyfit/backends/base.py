@@ -29,6 +29,7 @@ from torch import nn
 
 from anyfit.model.loading import count_parameters, load_model
 from anyfit.model.moe import moe_summary
+from anyfit.model.unloaded import UnloadedTensors, find_unloaded
 
 
 @dataclass
@@ -39,6 +40,8 @@ class Loaded:
     trainable: int  # parameters, whole-model counts
     total: int
     read: int  # parameter elements this process read from the weights (none on the meta device)
+    # tensors of the source checkpoint the model does not load (mtp.*), written beside a full fine-tune's weights
+    unloaded: UnloadedTensors | None = None
 
     @classmethod
     def of(cls, model: nn.Module, cfg, say, read: int | None = None) -> Loaded:
@@ -48,7 +51,10 @@ class Loaded:
             f"({'LoRA' if lora else 'full fine-tuning'})")
         for line in moe_summary(model, trainable, lora, cfg.train.router_aux_loss_coef):  # a mixture of experts
             say(line)
-        return cls(model, trainable, total, read_elements(model) if read is None else read)
+        unloaded = None if lora else find_unloaded(model, cfg.model)  # an adapter is saved alone: it needs none
+        if unloaded is not None:
+            say(unloaded.line())
+        return cls(model, trainable, total, read_elements(model) if read is None else read, unloaded)
 
 
 class Backend:

@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from anyfit.config import ConfigError
+from anyfit.model.unloaded import is_kept_file
 
 
 def damaged(path: Path, error: Exception) -> ConfigError:
@@ -31,8 +32,9 @@ def torch_load(path: Path, **kwargs) -> Any:
 
 def load_weights(model, directory: Path) -> None:
     """Load a replicated checkpoint's safetensors into the (unwrapped, unsharded) model: the adapter for PEFT
-    models, else every tensor. A checkpoint of another model is one line, not a traceback."""
-    files = sorted(directory.glob("*.safetensors"))
+    models, else every tensor. A checkpoint of another model is one line, not a traceback. The source's tensors
+    the model does not load, kept beside its weights (``anyfit.model.unloaded``), are not read."""
+    files = sorted(f for f in directory.glob("*.safetensors") if not is_kept_file(f))
     if not files:
         raise ConfigError(f"checkpoint {directory} holds no .safetensors weights; it is not an anyfit checkpoint "
                           "of a replicated run. Resume from another checkpoint, or start again.")

@@ -57,6 +57,11 @@ class ModelConfig:
         False, "Run each decoder layer's MLP over the sequence in tiles of about hidden_size tokens (DeepSpeed's "
         "TiledMLP; the backward recomputes one tile at a time), so the MLP's intermediate activations never exist "
         "for a whole long sequence. Costs one more MLP forward per step.")
+    keep_unloaded_tensors: bool = _f(
+        True, "Tensors of the checkpoint that the model's transformers class does not load (Qwen3.5's multi-token "
+        "prediction mtp.*, DeepSeek-V3's and GLM-4.5's extra MTP layer) are written unchanged, not trained, beside "
+        "the weights of every checkpoint, the final model and full exports (listed in model.safetensors.index.json, "
+        "where servers such as vLLM find them). false drops them. The run names them in one line either way.")
 
 
 @dataclass

@@ -26,9 +26,11 @@ from anyfit.export.gguf_writer import write_gguf
 from anyfit.export.publish import model_card, push_folder
 from anyfit.export.request import DTYPES, ExportRequest, ExportResult, check_request
 from anyfit.export.sharded import gather_sharded_checkpoint
+from anyfit.config import ModelConfig
 from anyfit.hardware.runtime import quiet_deepspeed
 from anyfit.model.composite import model_class
 from anyfit.model.loading import load_for_inference
+from anyfit.model.unloaded import find_unloaded
 from anyfit.runfolder import RUN_CONFIG
 from anyfit.training.checkpoints.best import FINAL, read_best
 
@@ -81,6 +83,7 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
     if result.merged_adapter:
         echo(f"[anyfit] export: merged the LoRA adapter into {req.location.base}")
     model.save_pretrained(folder)
+    keep_unloaded(req, model, folder, echo)
     tokenizer.save_pretrained(folder)
     # Other tools generate with generation_config.json: it must stop where the chat template ends a turn.
     stops = write_generation_config(folder, model, tokenizer)
@@ -110,6 +113,19 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
     (folder / "README.md").write_text(card, encoding="utf-8")
     follow_umask(folder)
     return result
+
+
+def keep_unloaded(req: ExportRequest, model, folder: Path, echo) -> None:
+    """The tensors of the weights the model was read from (a run's folder, or an adapter's base) that it does not
+    load (MTP layers: ``anyfit.model.unloaded``), written beside it unchanged unless the run dropped them
+    (``model.keep_unloaded_tensors`` of its config.yaml)."""
+    config = req.run_files.config
+    keep = config.model.keep_unloaded_tensors if config is not None else True
+    unloaded = find_unloaded(model, ModelConfig(name_or_path=req.location.base, gguf_file=req.location.gguf_file,
+                                                keep_unloaded_tensors=keep))
+    if unloaded is not None:
+        unloaded.write_into(folder)
+        echo(unloaded.line("[anyfit] export:"))
 
 
 def best_of(run: Path, last: bool, echo=print) -> Path:

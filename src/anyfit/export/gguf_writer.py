@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from anyfit.export import ExportError
 from anyfit.export.request import GGUF_ARCHS, GGUFArch, check_gguf_architecture, check_gguf_tokenizer, read_json
+from anyfit.model.unloaded import is_kept_file
 
 _FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "bf16": "MOSTLY_BF16", "q8_0": "MOSTLY_Q8_0",
                "q5_1": "MOSTLY_Q5_1", "q5_0": "MOSTLY_Q5_0", "q4_1": "MOSTLY_Q4_1", "q4_0": "MOSTLY_Q4_0"}
@@ -119,10 +120,13 @@ def write_gguf(folder: Path, path: Path, qtype: str, name: str | None = None, ec
 
 
 def _list_tensors(folder: Path) -> dict[str, tuple[Path, list[int]]]:
-    """Every tensor of the safetensors weights in ``folder``: name -> (file, shape), in file order."""
+    """Every tensor of the safetensors weights in ``folder``: name -> (file, shape), in file order. The source's
+    tensors the model does not load (MTP layers, ``anyfit.model.unloaded``) are left out: llama.cpp's architectures
+    here have no place for them, and a GGUF file holds the model transformers runs."""
     index = folder / "model.safetensors.index.json"
     files = (sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.is_file()
              else ["model.safetensors"])
+    files = [name for name in files if not is_kept_file(Path(name))]
     out: dict[str, tuple[Path, list[int]]] = {}
     for name in files:
         with safe_open(folder / name, framework="pt") as f:

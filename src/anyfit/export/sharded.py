@@ -23,6 +23,7 @@ from anyfit.hardware.runtime import inference_policy
 from anyfit.model.loading import load_model
 from anyfit.model.tokenizer import load_tokenizer
 from anyfit.model.source import ModelLocation, ModelSource, record_base
+from anyfit.model.unloaded import find_unloaded
 from anyfit.runfolder import RUN_CONFIG, has_final_model
 
 
@@ -55,6 +56,10 @@ def gather_sharded_checkpoint(folder: Path, echo=print) -> None:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ExportError(f"{folder}/{writer.folder} cannot be read ({first}); export an earlier checkpoint.") from e
     model.save_pretrained(folder, safe_serialization=True)
+    lora = cfg.lora.enabled or cfg.lora.qlora
+    unloaded = None if lora else find_unloaded(model, cfg.model)  # the base's MTP tensors, as training saves them
+    if unloaded is not None:
+        unloaded.write_into(folder)  # named by the export that reads this folder next
     tokenizer = load_tokenizer(cfg.model)
     use_chat_template(tokenizer, cfg.data.chat_template)  # the template the run trained with, as the run saves it
     tokenizer.save_pretrained(folder)
@@ -62,7 +67,7 @@ def gather_sharded_checkpoint(folder: Path, echo=print) -> None:
         record_base(folder, cfg.model)
     follow_umask(folder)
     echo(f"[anyfit] export: gathered the sharded checkpoint {folder} into ordinary safetensors "
-         f"({'adapter' if cfg.lora.enabled or cfg.lora.qlora else 'model'}) by one process")
+         f"({'adapter' if lora else 'model'}) by one process")
 
 
 def _config(folder: Path):

@@ -170,7 +170,7 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run
     stream = StepStream(WindowBatches(sampler, data.examples, parts.collate), steps, policy.num_workers,
                         policy.pin_memory)
     run = Run(parts, TrainState(model=parts.model, optimizer=optimizer, scheduler=scheduler, tokenizer=parts.tokenizer,
-                                data=drawn),
+                                data=drawn, unloaded=loaded.unloaded),
               stream, InTrainingEval(parts, base.watch), steps, flops=flops, peak=peak)
     accelerator.wait_for_everyone()  # every process has checked the folder before the main one fills it
     if resume_from is not None:

@@ -36,7 +36,7 @@ class FinalModel(Hook):
         if not parts.cfg.train.save_final:
             return
         stops = save_final_model(parts.backend, parts.accelerator, run.state.model, run.state.tokenizer, run.out,
-                                 parts.cfg.model)
+                                 parts.cfg.model, run.state.unloaded)
         parts.accelerator.wait_for_everyone()
         say(f"[anyfit] saved the final {'adapter' if parts.cfg.lora.enabled else 'model'} to {run.out}")
         if stops:

@@ -72,6 +72,8 @@ RULES: dict[str, Rule] = {
     "model.attn_implementation": _apply("the same attention, another kernel (anyfit refuses one that is not exact)"),
     "model.gradient_checkpointing": _apply(_SAVER), "model.checkpoint_every": _apply(_SAVER),
     "model.activation_offload": _apply(_SAVER), "model.tiled_mlp": _apply(_SAVER),
+    "model.keep_unloaded_tensors": _apply("the checkpoints and final model written from now on keep or drop the "
+                                          "tensors the model does not load, as it says (read from the source)"),
     # lora
     "lora.enabled": _refuse(_TENSORS), "lora.qlora": _refuse("the adapter was trained on that base's weights"),
     "lora.r": _refuse(_TENSORS), "lora.target_modules": _refuse(_TENSORS), "lora.experts": _refuse(_TENSORS),

@@ -28,6 +28,7 @@ from anyfit.data import fingerprint
 from anyfit.data.stopping import write_generation_config
 from anyfit.durable import follow_umask
 from anyfit.model.source import record_base
+from anyfit.model.unloaded import UnloadedTensors, clear_kept
 from anyfit.runfolder import (
     CHECKPOINT_PREFIX,
     DELETING_CHECKPOINT_PREFIX,
@@ -62,6 +63,7 @@ class TrainState:
     scheduler: Any
     tokenizer: Any = None
     data: tuple[dict, list] | None = None  # the fingerprint of the examples drawn from (anyfit.data.fingerprint)
+    unloaded: UnloadedTensors | None = None  # the source's tensors the model does not load (anyfit.model.unloaded)
 
 
 def rng_state() -> dict[str, Any]:
@@ -71,9 +73,11 @@ def rng_state() -> dict[str, Any]:
     return state
 
 
-def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
-    """The trainable weights as safetensors (LoRA: the adapter only), plus the tokenizer. Main process writes;
-    every process must call this because gathering a sharded (FSDP/DeepSpeed) state dict is collective.
+def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path, model_cfg=None,
+               unloaded: UnloadedTensors | None = None) -> list[str]:
+    """The trainable weights as safetensors (LoRA: the adapter only), plus the tokenizer; a whole model also with
+    ``unloaded`` (the source's tensors it does not load, when kept). Main process writes; every process must call
+    this because gathering a sharded (FSDP/DeepSpeed) state dict is collective.
 
     With ``model_cfg`` (the run's ModelConfig), an adapter records a base others can load (see
     :func:`portable_base`) instead of the path the weights happened to be read from. A whole model's
@@ -83,8 +87,11 @@ def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path,
     state_dict = backend.full_state_dict(accelerator, model)
     if accelerator.is_main_process:
         bare = unwrapped(model)
+        clear_kept(directory)  # what an earlier save of this folder kept (a resumed run's final model)
         bare.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
         adapter = (directory / "adapter_config.json").is_file()
+        if unloaded is not None and not adapter:
+            unloaded.write_into(directory)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
             if not adapter:  # an adapter is loaded on its base, with the base's generation config
@@ -216,7 +223,7 @@ def _write_checkpoint(backend: Backend, accelerator, tmp: Path, state: TrainStat
                       model_cfg) -> None:
     """Every file of a checkpoint but its trainer state and manifest, into ``tmp`` (collective)."""
     backend.save_states(accelerator, state.model, state.optimizer, tmp, save_weights=lambda: save_model(
-        backend, accelerator, state.model, state.tokenizer, tmp, model_cfg))
+        backend, accelerator, state.model, state.tokenizer, tmp, model_cfg, state.unloaded))
     torch.save(rng_state(), tmp / f"rng_state_{accelerator.process_index}.pt")
     if accelerator.is_main_process:
         torch.save(state.scheduler.state_dict(), tmp / SCHEDULER)
@@ -237,14 +244,15 @@ def _finish_checkpoint(tmp: Path, final: Path, state: dict[str, Any]) -> None:
     tmp.rename(final)
 
 
-def save_final_model(backend: Backend, accelerator, model, tokenizer, directory: Path, model_cfg=None) -> list[str]:
+def save_final_model(backend: Backend, accelerator, model, tokenizer, directory: Path, model_cfg=None,
+                     unloaded: UnloadedTensors | None = None) -> list[str]:
     """The final model into the run folder (collective); ``NotWritten`` when it cannot be, with its partly
     written files removed (the checkpoints stay). Returns the tokens its generation config stops at
     (``save_model``)."""
     before = set(directory.iterdir()) if accelerator.is_main_process else set()
     stops: list[str] = []
     problem = _attempt(lambda: stops.extend(save_model(backend, accelerator, model, tokenizer, directory,
-                                                                    model_cfg)),
+                                                       model_cfg, unloaded)),
                        directory, bytes_to_write(model, optimizer=None))
     problem = agreed(accelerator, problem)
     if problem is not None:
