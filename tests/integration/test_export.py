@@ -424,3 +424,27 @@ def test_a_checkpoint_exports_with_the_metrics_up_to_its_step(lora_run, tmp_path
     result = export(checkpoint, tmp_path / "out", echo=lambda *a: None)
     card = (result.out / "README.md").read_text()
     assert "Final training loss (step 2)" in card and "Validation loss" not in card  # val_loss came at step 3
+
+
+def test_the_runs_template_options_are_the_saved_templates_defaults(tiny_qwen2_dir, tmp_path):
+    """data.chat_template and data.chat_template_kwargs: the tokenizer saved with a checkpoint, the final model and
+    the export renders as training did for a caller that passes no options (a server given the folder)."""
+    from transformers import AutoTokenizer
+
+    from anyfit.training.loop import train
+
+    template = tmp_path / "t.jinja"
+    template.write_text("{% if mode is defined and mode == 'short' %}SHORT {% endif %}{% for m in messages %}"
+                        "<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+                        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    cfg = config_for(tiny_qwen2_dir, write_dataset(tmp_path / "d.jsonl", n=8), tmp_path / "run", "data.template=chat",
+                     f"data.chat_template={template}", "data.chat_template_kwargs={mode: short}",
+                     "train.effective_batch=4", "train.micro_batch=4", "train.max_steps=2", "train.save_every=1")
+    train(cfg)
+    out = export(tmp_path / "run", tmp_path / "out", dtype="fp32", echo=lambda *a: None).out
+    chat = [{"role": "user", "content": "Hi?"}]
+    for folder in (tmp_path / "run", tmp_path / "run" / "checkpoint-1", out):
+        tok = AutoTokenizer.from_pretrained(folder)
+        assert tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False).startswith("SHORT "), folder
+        assert not tok.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, mode="long").startswith(
+            "SHORT")

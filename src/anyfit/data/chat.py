@@ -399,9 +399,68 @@ def use_chat_template(tokenizer: PreTrainedTokenizerBase, given: str | None) -> 
             raise DataError(f"data.chat_template={given!r} is neither a file nor template text (no '{{{{' or '{{%'): "
                             "give the path of a .jinja file or the template itself.")
         text, name = path.read_text(encoding="utf-8"), f"data.chat_template ({path.name})"
-    if getattr(tokenizer, "chat_template", None) != text:
+    if unbaked(getattr(tokenizer, "chat_template", None)) != text:
         tokenizer.chat_template = text
     tokenizer.anyfit_chat_template = name
+
+
+# The run's template options written into the template as its defaults (``serve_as_trained``), between markers so
+# that a template already carrying them (a run resumed from its own saved tokenizer) is not given them twice.
+_DEFAULTS = "{#- anyfit: data.chat_template_kwargs, this run's options, as the template's defaults -#}\n"
+_DEFAULTS_END = "{#- anyfit: end of the run's defaults -#}\n"
+
+
+def serve_as_trained(tokenizer: PreTrainedTokenizerBase, given: str | None, options: dict[str, Any]) -> None:
+    """data.chat_template in place (``use_chat_template``), and the run's template options (data.chat_template_kwargs)
+    written into the template as the defaults of its variables, so that the tokenizer saved with every checkpoint,
+    the final model and the export renders as training did for a server that passes nothing (transformers,
+    vLLM, llama.cpp reading chat_template.jinja); one that passes an option still overrides it. Rendering with the
+    options passed, as training does, is unchanged: each default is set only where the variable is not defined."""
+    use_chat_template(tokenizer, given)
+    template = getattr(tokenizer, "chat_template", None)
+    if not template:
+        return
+    if isinstance(template, dict):  # named variants (a 'tool_use' one is picked when tools are passed): all of them
+        tokenizer.chat_template = {n: with_defaults(t, options) for n, t in template.items()}
+    else:
+        tokenizer.chat_template = with_defaults(template, options)
+
+
+def with_defaults(template: str, options: dict[str, Any]) -> str:
+    """``template`` with ``options`` as the defaults of its variables (any earlier defaults of anyfit's replaced)."""
+    template = unbaked(template)
+    if not options:
+        return template
+    guards = []
+    for key, value in sorted(options.items()):
+        if not key.isidentifier():
+            raise DataError(f"data.chat_template_kwargs: {key!r} is not a name a chat template can read; use the "
+                            "variable's name as the template spells it.")
+        guards.append(f"{{%- if {key} is not defined %}}{{%- set {key} = {_jinja_literal(value, key)} %}}{{%- endif %}}")
+    return _DEFAULTS + "".join(guards) + "\n" + _DEFAULTS_END + template
+
+
+def unbaked(template: Any) -> Any:
+    """``template`` without the defaults ``with_defaults`` wrote into it (anything else as it is)."""
+    if isinstance(template, str) and template.startswith(_DEFAULTS) and _DEFAULTS_END in template:
+        return template.split(_DEFAULTS_END, 1)[1]
+    return template
+
+
+def _jinja_literal(value: Any, key: str) -> str:
+    """``value`` as a Jinja literal (strings, numbers, booleans, none, lists and mappings of them)."""
+    if value is None or isinstance(value, bool):
+        return {None: "none", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_jinja_literal(v, key) for v in value) + "]"
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return "{" + ", ".join(f"{json.dumps(k)}: {_jinja_literal(v, key)}" for k, v in value.items()) + "}"
+    raise DataError(f"data.chat_template_kwargs: {key}={value!r} cannot be written into the chat template as a default "
+                    "(strings, numbers, booleans, null, lists and mappings of them can).")
 
 
 def template_name(tokenizer: PreTrainedTokenizerBase) -> str:

@@ -17,6 +17,7 @@ import numpy as np
 from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data import fingerprint
 from anyfit.data.answers import example_gold
+from anyfit.data.chat import serve_as_trained
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.mixture import MixedExamples, draw, source_names, sources_of
 from anyfit.data.sources import DataError, Records, iter_records
@@ -49,6 +50,8 @@ def eval_data_config(cfg: Config) -> DataConfig:
 def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
     """Map (or build) the token store, split off the held-out part, and check now (not after hours of training)
     that generation accuracy, when asked for, has gold answers to compare with."""
+    # The template the run trains with and its options as defaults, on the tokenizer every save writes.
+    serve_as_trained(tokenizer, cfg.data.chat_template, cfg.data.chat_template_kwargs)
     held: list[int] | None = None
     gold_from: list[tuple[DataConfig, list[int] | None]] = []  # where generation's gold answers are read from
     if cfg.data.mix:  # several sources: a store each, drawn by weight; eval.holdout is taken from each

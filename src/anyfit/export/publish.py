@@ -107,9 +107,10 @@ def _data_section(cfg, run_info: dict[str, Any]) -> list[str]:
     options = getattr(d, "chat_template_kwargs", None)
     if options:
         args = ", ".join(f"{k}={v!r}" for k, v in options.items())
-        lines.append(f"- Chat template options: trained with `{options}`; render prompts the same way: "
-                     f"`tok.apply_chat_template(messages, add_generation_prompt=True, {args})` (vLLM: "
-                     f"`chat_template_kwargs={options}`).")
+        lines.append(f"- Chat template options: trained with `{options}`; they are this tokenizer's chat template "
+                     f"defaults, so `tok.apply_chat_template(messages, add_generation_prompt=True)` (and a server "
+                     f"given chat_template.jinja) renders as training did; passing them (`{args}`) gives the same, "
+                     "and passing other values overrides them.")
     if getattr(d, "chat_template", None):
         lines.append("- Chat template: replaced for training by `data.chat_template`; the tokenizer here carries that "
                      "template.")

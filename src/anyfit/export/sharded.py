@@ -16,7 +16,7 @@ from pathlib import Path
 
 from anyfit.backends import writer_of
 from anyfit.config import ConfigError, load_config
-from anyfit.data.chat import use_chat_template
+from anyfit.data.chat import serve_as_trained
 from anyfit.durable import follow_umask
 from anyfit.export import ExportError
 from anyfit.hardware.runtime import inference_policy
@@ -61,7 +61,8 @@ def gather_sharded_checkpoint(folder: Path, echo=print) -> None:
     if unloaded is not None:
         unloaded.write_into(folder)  # named by the export that reads this folder next
     tokenizer = load_tokenizer(cfg.model)
-    use_chat_template(tokenizer, cfg.data.chat_template)  # the template the run trained with, as the run saves it
+    # the template the run trained with and its options as defaults, as the run saves it
+    serve_as_trained(tokenizer, cfg.data.chat_template, cfg.data.chat_template_kwargs)
     tokenizer.save_pretrained(folder)
     if (folder / "adapter_config.json").is_file():
         record_base(folder, cfg.model)

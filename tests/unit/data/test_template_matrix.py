@@ -439,7 +439,8 @@ def test_the_model_card_names_the_template_options():
     cfg = Config()
     cfg.data.chat_template_kwargs = {"enable_thinking": False}
     lines = "\n".join(_data_section(cfg, {}))
-    assert "trained with `{'enable_thinking': False}`" in lines and "enable_thinking=False)" in lines
+    assert "trained with `{'enable_thinking': False}`" in lines and "enable_thinking=False" in lines
+    assert "chat template defaults" in lines
 
 
 def test_a_text_templates_completion_follows_its_prompt_as_in_the_joined_text(tok):
@@ -552,3 +553,37 @@ def test_the_empty_block_a_template_closes_after_its_prompt_is_context_unless_as
     assert spans(glm, row) == ["Result alpha.<|user|>"] and report.notes["empty_think_masked"] == 1
     (row,), report = tokenize_dataset([{"messages": chat}], glm, DataConfig(train_empty_think=True))
     assert spans(glm, row) == ["</think>Result alpha.<|user|>"] and report.notes["empty_think_trained"] == 1
+
+
+def test_the_saved_template_renders_as_trained_for_a_server_that_passes_nothing(real_tokenizer_dir, tmp_path):
+    # data.chat_template_kwargs become the saved template's defaults: transformers and the template alone (as a
+    # server reads chat_template.jinja) render as training did without them; passed explicitly, they still win.
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from transformers import AutoTokenizer
+
+    from anyfit.data.chat import serve_as_trained
+
+    chat = [user("Usermark one?"), assistant("Result alpha."), user("Usermark two?")]
+    qwen3 = AutoTokenizer.from_pretrained(real_tokenizer_dir("qwen-3"))
+    trained = qwen3.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, enable_thinking=False)
+    thinking = qwen3.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert trained != thinking
+    (before,), _ = tokenize_dataset([{"messages": chat[:2]}], qwen3, DataConfig(
+        chat_template_kwargs={"enable_thinking": False}))
+    serve_as_trained(qwen3, None, {"enable_thinking": False})
+    serve_as_trained(qwen3, None, {"enable_thinking": False})  # a resumed run's saved tokenizer: not twice
+    qwen3.save_pretrained(tmp_path)
+    served = AutoTokenizer.from_pretrained(tmp_path)
+    assert served.apply_chat_template(chat, add_generation_prompt=True, tokenize=False) == trained
+    assert served.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, enable_thinking=True) == thinking
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    alone = env.from_string((tmp_path / "chat_template.jinja").read_text(encoding="utf-8"))
+    assert alone.render(messages=chat, add_generation_prompt=True) == trained
+    assert served.chat_template.count("anyfit: end of the run's defaults") == 1
+    # Training renders the same ids with the options written in as with them passed.
+    (after,), _ = tokenize_dataset([{"messages": chat[:2]}], served, DataConfig(
+        chat_template_kwargs={"enable_thinking": False}))
+    assert after == before
+    with pytest.raises(DataError, match="cannot be written into the chat template"):
+        serve_as_trained(served, None, {"enable_thinking": object()})
