@@ -205,3 +205,24 @@ def test_a_checkpoint_of_a_composite_resumes_exactly(model_type, composite, tmp_
     run(src, tmp_path, "train.max_steps=3", f"train.output_dir={resumed}", f"train.resume={whole / 'checkpoint-2'}")
     before, after = tensors(whole), tensors(resumed)
     assert sorted(after) == sorted(before) and all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_the_plan_counts_every_part_the_model_holds(model_type, composite):
+    # Weights in memory are the whole composite's: the language model planned, the rest (vision tower, projector)
+    # counted as frozen, together the parameters of the class the checkpoint loads as.
+    from transformers import AutoConfig
+
+    from anyfit.model.composite import model_class
+    from anyfit.model.shape import shape_from_config
+    from anyfit.planning.memory import estimate_memory
+    from anyfit.planning.setup import Setup
+
+    config = AutoConfig.from_pretrained(composite(model_type))
+    shape = shape_from_config(config)
+    with torch.device("meta"):
+        built = model_class(config).from_config(config)
+    assert shape.frozen_params > 0
+    assert shape.params + shape.frozen_params == sum(p.numel() for p in built.parameters())
+    setup = Setup(method="full", device="cpu", precision="fp32", weight_bytes=4, micro_batch=1, seq_len=16)
+    assert estimate_memory(shape, setup).weights == (shape.params + shape.frozen_params) * 4
