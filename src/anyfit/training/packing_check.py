@@ -200,5 +200,9 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
                                   f"({tokens} tokens; error {error:.1e}, tolerance {tolerance:.0e}){note}",
                                   error, tolerance)
         tried.append(f"{candidate} {reason}")
-    inner.set_attn_implementation(attention)
-    return PackingVerdict(False, attention, f"packing: off, padded batches ({'; '.join(tried)})", error, tolerance)
+    # Padded rows gain nothing from anyfit_varlen, and its dispatch refuses a layer kind it cannot split even where
+    # nothing is packed (Llama-4's chunked layers under generate's cache at transformers 5.18): transformers' own.
+    own = _own_attention(model)
+    inner.set_attn_implementation(own)
+    return PackingVerdict(False, own, f"packing: off, padded batches through transformers' own {own} "
+                          f"({'; '.join(tried)})", error, tolerance)
