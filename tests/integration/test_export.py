@@ -59,12 +59,19 @@ def small_llama_dir(tmp_path_factory, small_tokenizer_dir) -> Path:
     return save_tiny(tmp_path_factory.mktemp("small_llama"), small_tokenizer_dir)
 
 
+def qwen3_template(real_tokenizer_dir) -> str:
+    return json.loads((real_tokenizer_dir("qwen-3") / "tokenizer_config.json").read_text())["chat_template"]
+
+
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory, tiny_llama_dir) -> Path:
-    """A finished full fine-tune of the tiny Llama (real Qwen2.5 tokenizer): 2 steps."""
+def full_run(tmp_path_factory, tiny_llama_dir, real_tokenizer_dir) -> Path:
+    """A finished full fine-tune of the tiny Llama (real Qwen2.5 tokenizer): 2 steps, on chats rendered with Qwen3's
+    real chat template (data.chat_template) in its non-thinking mode (data.chat_template_kwargs)."""
     tmp = tmp_path_factory.mktemp("full_run")
+    (tmp / "qwen3.jinja").write_text(qwen3_template(real_tokenizer_dir))
     cfg = config_for(tiny_llama_dir, write_dataset(tmp / "d.jsonl", n=8), tmp / "run", "train.effective_batch=4",
-                     "train.micro_batch=4", "train.max_steps=2", "train.learning_rate=1e-2")
+                     "train.micro_batch=4", "train.max_steps=2", "train.learning_rate=1e-2", "data.template=chat",
+                     f"data.chat_template={tmp / 'qwen3.jinja'}", "data.chat_template_kwargs={enable_thinking: false}")
     train(cfg, echo=lambda *a: None)
     return tmp / "run"
 
@@ -107,6 +114,42 @@ def test_full_fine_tune_exports_fp32_with_the_same_logits(full_run, tmp_path, ca
     assert "already exists" in capsys.readouterr().err
     assert main(["export", str(full_run), "--out", str(out), "--dtype", "bf16", "--overwrite"]) == 0
     assert AutoModelForCausalLM.from_pretrained(out).dtype == torch.bfloat16
+
+
+@pytest.mark.slow
+def test_the_export_renders_qwen3_prompts_as_trained_without_the_options(full_run, tiny_llama_dir,
+                                                                         real_tokenizer_dir, tmp_path):
+    """Trained with Qwen3's template and {enable_thinking: false}: the export renders that way with no options
+    passed (a server given the folder), still thinks when asked to, and its chat_template.jinja alone, rendered with
+    Jinja as vLLM or llama.cpp would, gives the same. A run saved before the options were written into its template
+    (its chat_template.jinja without them) gets them in its export too."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from transformers import AutoTokenizer
+
+    trained = AutoTokenizer.from_pretrained(tiny_llama_dir)
+    trained.chat_template = qwen3_template(real_tokenizer_dir)
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Repeat red"},
+            {"role": "assistant", "content": "red #0"}, {"role": "user", "content": "Repeat blue gold"}]
+
+    def rendering(tok, **options) -> str:
+        return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, **options)
+
+    no_thinking, thinking = rendering(trained, enable_thinking=False), rendering(trained, enable_thinking=True)
+    assert no_thinking.endswith("<think>\n\n</think>\n\n") and no_thinking != thinking
+    older = tmp_path / "older"  # the run as saved before: its own template, no defaults
+    shutil.copytree(full_run, older)
+    (older / "chat_template.jinja").write_text(qwen3_template(real_tokenizer_dir))
+    assert rendering(AutoTokenizer.from_pretrained(older)) == thinking
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)  # transformers' settings, vLLM's
+    for run in (full_run, older):
+        out = export(run, tmp_path / f"{run.name}-export", echo=lambda *a: None).out
+        served = AutoTokenizer.from_pretrained(out)
+        assert rendering(served) == no_thinking, run
+        assert rendering(served, enable_thinking=True) == thinking  # a server's explicit option still wins
+        assert rendering(served, enable_thinking=False) == no_thinking
+        text = env.from_string((out / "chat_template.jinja").read_text()).render(
+            messages=msgs, add_generation_prompt=True, bos_token=served.bos_token, eos_token=served.eos_token)
+        assert text == no_thinking
 
 
 def test_lora_run_merges_into_a_folder_with_the_adapter_on_base_logits(lora_run, small_llama_dir, tmp_path):

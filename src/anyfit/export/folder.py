@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from anyfit.data.chat import serve_as_trained
 from anyfit.data.stopping import write_generation_config
 from anyfit.data.templates import default_system_prompt
 from anyfit.durable import follow_umask
@@ -84,6 +85,8 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
         echo(f"[anyfit] export: merged the LoRA adapter into {req.location.base}")
     model.save_pretrained(folder)
     keep_unloaded(req, model, folder, echo)
+    if req.run_files.config is not None:  # a run saved before its options were its template's defaults gets them
+        serve_as_trained(tokenizer, None, req.run_files.config.data.chat_template_kwargs)
     tokenizer.save_pretrained(folder)
     # Other tools generate with generation_config.json: it must stop where the chat template ends a turn.
     stops = write_generation_config(folder, model, tokenizer)

@@ -587,3 +587,31 @@ def test_the_saved_template_renders_as_trained_for_a_server_that_passes_nothing(
     assert after == before
     with pytest.raises(DataError, match="cannot be written into the chat template"):
         serve_as_trained(served, None, {"enable_thinking": object()})
+
+
+@pytest.mark.parametrize(("name", "options", "other"), [("qwen-3.5", {"enable_thinking": False}, {"enable_thinking": True}),
+                                                         ("deepseek-v3.1", {"thinking": True}, {"thinking": False})])
+def test_the_saved_defaults_hold_in_other_real_templates_and_every_named_variant(name, options, other,
+                                                                                real_tokenizer_dir, tmp_path):
+    # Qwen3.5 reads its option beside macros, DeepSeek-V3.1 spells it 'thinking'; named variants ('tool_use' is picked
+    # when tools are passed) each get the defaults, saved as chat_template.jinja and additional templates.
+    from transformers import AutoTokenizer
+
+    from anyfit.data.chat import serve_as_trained
+
+    chat = [user("Usermark one?"), assistant("Result alpha."), user("Usermark two?")]
+    tok = AutoTokenizer.from_pretrained(real_tokenizer_dir(name))
+
+    def render(t, **kw) -> str:
+        return t.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **kw)
+
+    trained, switched = render(tok, **options), render(tok, **other)
+    assert trained != switched and render(tok) != trained  # the option matters here and is not the default
+    tok.chat_template = {"default": tok.chat_template, "tool_use": tok.chat_template}
+    serve_as_trained(tok, None, options)
+    tok.save_pretrained(tmp_path)
+    served = AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(served.chat_template, dict) and set(served.chat_template) == {"default", "tool_use"}
+    for variant in ("default", "tool_use"):
+        assert render(served, chat_template=variant) == trained
+        assert render(served, chat_template=variant, **other) == switched
