@@ -191,9 +191,22 @@ def _layer_states(model: nn.Module, layers: nn.ModuleList):
     return states, handles
 
 
-def first_differing_layer(model: nn.Module, batch: dict, span: tuple[int, int], probe: list[int], prefill: int,
-                          position: int, probabilities, pad_id: int, device, compute_dtype, chain: int) -> str:
-    """The first decoder layer whose output at ``position`` differs between the two paths beyond round-off."""
+@dataclass(frozen=True)
+class Mismatch:
+    """Where the two paths first differ: probe ``probe`` (its row ``span`` of the training ``batch``), decoded
+    after a prefill of ``prefill`` tokens, at ``position``."""
+
+    batch: dict
+    span: tuple[int, int]
+    probe: list[int]
+    prefill: int
+    position: int
+
+
+def first_differing_layer(model: nn.Module, at: Mismatch, probabilities, pad_id: int, device, compute_dtype,
+                          chain: int) -> str:
+    """The first decoder layer whose output at ``at.position`` differs between the two paths beyond round-off."""
+    batch, span, probe, prefill, position = at.batch, at.span, at.probe, at.prefill, at.position
     found = decoder_stack(transformers_model(model))
     if found is None:
         return "no decoder layers found to compare"
@@ -257,8 +270,8 @@ def check_inference(model: nn.Module, examples, collate, pad_id: int, device, co
                 (p, k), over = runs[r], errors[r] > limit
                 position = k - 1 + int(over.nonzero()[0, 0] if over.any() else errors[r].argmax())
                 where = (f"at position {position} of probe {p + 1} (prefill of {k}), "
-                         + first_differing_layer(model, batch, spans[p], probes[p], k, position, probabilities,
-                                                 pad_id, device, compute_dtype, chain))
+                         + first_differing_layer(model, Mismatch(batch, spans[p], probes[p], k, position),
+                                                 probabilities, pad_id, device, compute_dtype, chain))
         finally:
             reshard(model)
     if error <= limit:
