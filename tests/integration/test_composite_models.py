@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 from tiny_runs import config_for, cut_qwen_tokenizer, write_dataset
 from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
+from vlm_fixtures import composite_parts
 
 from anyfit.cli import main
 from anyfit.config import ConfigError
@@ -22,39 +23,6 @@ from anyfit.export.folder import export
 from anyfit.training.loop import train
 
 IDS = torch.tensor([[3, 17, 42, 256, 511, 7, 99, 300]])
-_VISION_QWEN = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=32, patch_size=4,
-                    num_position_embeddings=16)
-_LINEAR_ATTENTION = dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
-                         linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4)
-
-
-def composite_parts(model_type: str) -> dict:
-    """The sub-configs of a tiny ``model_type`` composite beside its text config (default vision configs are
-    hundreds of millions of parameters: a default Gemma-3 one takes 90 s to build)."""
-    return {
-        "qwen3_5": dict(text=_LINEAR_ATTENTION, vision_config=_VISION_QWEN),
-        "qwen3_5_moe": dict(text=dict(_LINEAR_ATTENTION, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-                                      shared_expert_intermediate_size=16), vision_config=_VISION_QWEN),
-        "gemma3": dict(text=dict(query_pre_attn_scalar=8, sliding_window=16), mm_tokens_per_image=4,
-                       vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, image_size=32, patch_size=8)),
-        "mistral3": dict(text=dict(model_type="mistral"),
-                         vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
-                                            num_hidden_layers=1, num_attention_heads=2, head_dim=16, image_size=32,
-                                            patch_size=8)),
-        "llama4": dict(text=dict(intermediate_size_mlp=64, num_local_experts=2, interleave_moe_layer_step=2,
-                                 attention_chunk_size=64),
-                       vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, image_size=32, patch_size=8, vision_output_dim=32,
-                                          projector_input_dim=32, projector_output_dim=32)),
-        # global layers twice as wide as the sliding ones, as in Gemma-4 (transformers then refuses config.head_dim)
-        "gemma4": dict(text=dict(sliding_window=16, hidden_size_per_layer_input=8, num_global_key_value_heads=1,
-                                 global_head_dim=16),
-                       vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, num_key_value_heads=2, head_dim=16, patch_size=8,
-                                          position_embedding_size=64),
-                       audio_config=None),
-    }[model_type]
 
 
 def save_composite(out: Path, tokenizer_dir: Path, model_type: str) -> Path:
