@@ -16,16 +16,20 @@ def cmd_render(args) -> int:
     from anyfit.data.mixture import sources_of
     from anyfit.data.sources import iter_records
     from anyfit.data.store import open_or_build
-    from anyfit.data.tokenization import show_example, tokenize_example
+    from anyfit.data.showing import show_example
+    from anyfit.data.tokenization import tokenize_example
+    from anyfit.data.image_tokens import ImageTokens
+    from anyfit.model.processor import load_processor
     from anyfit.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model)
+    images = ImageTokens(*load_processor(cfg.model, tokenizer))  # image records: the model's processor
     sources = sources_of(cfg.data)
     if not 0 <= args.source < len(sources):
         raise ConfigError(f"--source {args.source} is out of range: the config has {len(sources)} data source(s).")
     data = sources[args.source][0]  # data.path, or one data.mix entry with its own settings
     # The whole data set's report comes from its token store (built once, as training would build it).
-    store = open_or_build(data, tokenizer, echo=lambda line: print(line, file=sys.stderr))
+    store = open_or_build(data, tokenizer, echo=lambda line: print(line, file=sys.stderr), images=images)
     if not 0 <= args.index < store.records:
         raise ConfigError(f"--index {args.index} is out of range: the data has {store.records} records.")
     start, first = 0, None
@@ -38,7 +42,7 @@ def cmd_render(args) -> int:
     # Show record N itself (even one the length policy would cut or drop), then what the policy does overall.
     # Record N read as the build reads it: the format and columns found on record 0 (checked there).
     resolved = data if args.index == 0 else resolve_fields(first, data)
-    parts = tokenize_example(to_examples(record, resolved, start=args.index)[0], tokenizer, data)
+    parts = tokenize_example(to_examples(record, resolved, start=args.index)[0], tokenizer, data, images)
     color = sys.stdout.isatty() and not args.no_color
     print(f"record {args.index} of {data.path}:\n")
     for k, (ids, labels) in enumerate(parts):

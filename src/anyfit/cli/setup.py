@@ -33,10 +33,13 @@ def cmd_download(args) -> int:
 def cmd_prepare(args) -> int:
     cfg = load(args)
     # start-up time: tokenizers and the data pipeline load only when the command runs
+    from anyfit.data.image_tokens import ImageTokens
     from anyfit.data.prepare import prepare_training_data
+    from anyfit.model.processor import load_processor
     from anyfit.model.tokenizer import load_tokenizer
 
-    data = prepare_training_data(cfg, load_tokenizer(cfg.model))
+    tokenizer = load_tokenizer(cfg.model)
+    data = prepare_training_data(cfg, tokenizer, images=ImageTokens(*load_processor(cfg.model, tokenizer)))
     print(f"[anyfit] data: {data.report.summary()}")
     if data.eval_report:
         print(f"[anyfit] eval data: {data.eval_report.summary()}")

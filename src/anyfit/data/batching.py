@@ -189,7 +189,7 @@ class WindowSampler:
         return micro_batches, int(self.trainable[window].sum())
 
 
-def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str, torch.Tensor]:
+def collate(examples: list[dict], pad_id: int, packed: bool = False, images=None) -> dict[str, torch.Tensor]:
     """Tensors for one micro-batch; every example's labels are shifted here to next-token targets.
 
     - padded (``packed=False``): rows right-padded to the longest example, with an ``attention_mask``;
@@ -238,7 +238,12 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
     >>> mixed = [{**ex1, "source": 0, "sources": 2}, {**ex3, "source": 1, "sources": 2}]
     >>> collate(mixed, pad_id=0)["keep_source"].tolist()
     [0, 0, 0, 0, 1, 1, 1]
+
+    Image examples (a ``vision`` entry: ``anyfit.data.image_tokens``) are padded rows; ``images``
+    (``anyfit.data.image_batches.ImageBatches``) adds their processed images under ``image_inputs``.
     """
+    if any("vision" in ex for ex in examples) and (packed or images is None):
+        raise ValueError("image examples are collated as padded rows, with the model's processor (images=...)")
     targets = [ex["labels"][1:] + [IGNORE_INDEX] for ex in examples]
     sources = examples[0].get("sources", 1)
     if packed:
@@ -254,6 +259,12 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
                  "keep": torch.tensor(keep, dtype=torch.long),
                  "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
         return _with_sources(batch, examples, targets, sources) if sources > 1 else batch
+    batch = _padded(examples, targets, pad_id, images)
+    return _with_sources(batch, examples, targets, sources) if sources > 1 else batch
+
+
+def _padded(examples: list[dict], targets: list[list[int]], pad_id: int, images) -> dict[str, torch.Tensor]:
+    """``collate``'s padded rows (and their images' inputs)."""
     longest = max(len(ex["input_ids"]) for ex in examples)
     n = len(examples)
     input_ids = torch.full((n, longest), pad_id, dtype=torch.long)
@@ -266,7 +277,9 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False) -> dict[str
         attention[row, :len(ids)] = 1
     keep = shifted != IGNORE_INDEX
     batch = {"input_ids": input_ids, "attention_mask": attention, "keep": keep, "keep_targets": shifted[keep]}
-    return _with_sources(batch, examples, targets, sources) if sources > 1 else batch
+    if images is not None and any("vision" in ex for ex in examples):
+        batch["image_inputs"] = images(examples, longest)
+    return batch
 
 
 def _with_sources(batch: dict, examples: list[dict], targets: list[list[int]], sources: int) -> dict:
@@ -278,8 +291,10 @@ def _with_sources(batch: dict, examples: list[dict], targets: list[list[int]], s
 
 
 def to_device(batch: dict, device, non_blocking: bool = False) -> dict:
-    """Move a collated batch's tensors to ``device`` (``packed_lengths`` stays host integers)."""
-    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    """Move a collated batch's tensors to ``device`` (``packed_lengths`` stays host integers; ``image_inputs`` is
+    moved tensor by tensor)."""
+    return {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else
+            to_device(v, device, non_blocking) if isinstance(v, dict) else v for k, v in batch.items()}
 
 
 class WindowBatches(torch.utils.data.Dataset):

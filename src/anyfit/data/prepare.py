@@ -19,6 +19,7 @@ from anyfit.data import fingerprint
 from anyfit.data.answers import example_gold
 from anyfit.data.chat import serve_as_trained
 from anyfit.data.formats import Example, to_examples
+from anyfit.data.image_tokens import ImageTokens
 from anyfit.data.mixture import MixedExamples, draw, source_names, sources_of
 from anyfit.data.sources import DataError, Records, iter_records
 from anyfit.data.store import Examples, TokenStore, open_or_build
@@ -47,25 +48,26 @@ def eval_data_config(cfg: Config) -> DataConfig:
                                num_samples=None, mix=[])
 
 
-def prepare_training_data(cfg: Config, tokenizer, echo=print) -> TrainingData:
+def prepare_training_data(cfg: Config, tokenizer, echo=print, images: ImageTokens | None = None) -> TrainingData:
     """Map (or build) the token store, split off the held-out part, and check now (not after hours of training)
-    that generation accuracy, when asked for, has gold answers to compare with."""
+    that generation accuracy, when asked for, has gold answers to compare with. ``images``: the model's processor,
+    for records with images."""
     # The template the run trains with and its options as defaults, on the tokenizer every save writes.
     serve_as_trained(tokenizer, cfg.data.chat_template, cfg.data.chat_template_kwargs)
     held: list[int] | None = None
     gold_from: list[tuple[DataConfig, list[int] | None]] = []  # where generation's gold answers are read from
     if cfg.data.mix:  # several sources: a store each, drawn by weight; eval.holdout is taken from each
-        examples, eval_examples, gold_from = _mixture(cfg, tokenizer, echo)
+        examples, eval_examples, gold_from = _mixture(cfg, tokenizer, echo, images)
         if cfg.eval.path:
-            eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view()
+            eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo, images).view()
             gold_from = [(eval_data_config(cfg), None)]
     elif cfg.eval.holdout:
-        store = open_or_build(cfg.data, tokenizer, echo)
+        store = open_or_build(cfg.data, tokenizer, echo, images)
         held = held_out_records(cfg, store.records)
         examples, eval_examples = _without(store, held), store.view(held)
     else:
-        examples = open_or_build(cfg.data, tokenizer, echo).view()
-        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo).view() \
+        examples = open_or_build(cfg.data, tokenizer, echo, images).view()
+        eval_examples = open_or_build(eval_data_config(cfg), tokenizer, echo, images).view() \
             if cfg.eval.path or cfg.eval.split else None
     if not len(examples):
         raise DataError(nothing_left(examples.report))
@@ -111,11 +113,12 @@ def _source(store: TokenStore) -> dict:
                                                                             "offsets.bin"))}
 
 
-def _mixture(cfg: Config, tokenizer, echo) -> tuple[MixedExamples, MixedExamples | None, list]:
+def _mixture(cfg: Config, tokenizer, echo,
+             images: ImageTokens | None = None) -> tuple[MixedExamples, MixedExamples | None, list]:
     """The training mixture; with ``eval.holdout``, that many records of each source held out (their examples one
     held-out set, each example knowing its source), and where their gold answers are."""
     sources, names = sources_of(cfg.data), source_names(cfg.data)
-    stores = [open_or_build(source, tokenizer, echo) for source, _ in sources]
+    stores = [open_or_build(source, tokenizer, echo, images) for source, _ in sources]
     held = [held_out_records(cfg, store.records) if cfg.eval.holdout else [] for store in stores]
     for store, (source, _) in zip(stores, sources):
         if cfg.eval.holdout >= store.records:

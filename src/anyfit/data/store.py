@@ -16,6 +16,14 @@ Layout of one store (a folder named by its key, under ``data.cache_dir``, defaul
                         resumed run which records changed: ``anyfit.data.fingerprint``)
     example_source.bin  int16, per example: its record's ``data.source_column`` value, numbered (the names are in
                         the manifest's ``sources``); empty without a source column
+    vision.bin          uint8, per image example: its rendered text and image references as JSON
+                        (``image_tokens.vision_json``), back to back; empty for a store without images
+    vision_offsets.bin  int64, example i's JSON is vision[vision_offsets[i]:vision_offsets[i + 1]] (empty: a text
+                        example); empty for a store without images
+    image_bytes.bin     uint8, the bytes of images embedded in the data (base64, the hub's Image feature), once each;
+                        images in files are kept as their paths, never as pixels
+    example_images.bin  int32, per example: its images; example_image_tokens.bin the tokens they take (empty
+                        without images)
     manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
 
 Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
@@ -50,7 +58,6 @@ import os
 import shutil
 import signal
 import threading
-from array import array
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -68,6 +75,8 @@ from anyfit.data import (
     audit,
     chat,
     formats,
+    image_tokens,
+    images,
     messages,
     reasoning_layout,
     source_names,
@@ -78,24 +87,25 @@ from anyfit.data import (
 )
 from anyfit.data.audit import Findings
 from anyfit.data.chat import use_chat_template
-from anyfit.data.fingerprint import record_digests
 from anyfit.data.formats import resolve_fields, to_examples
+from anyfit.data.image_tokens import ImageTokens
 from anyfit.data.sources import DataError, Records, iter_records, source_fingerprint
-from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, TokenizedExample, report_of, tokenize_each
+from anyfit.data.store_writer import ARRAYS, FORMAT, Packed, Writer
+from anyfit.data.tokenization import (
+    IGNORE_INDEX,
+    DataReport,
+    Fate,
+    TokenizedExample,
+    report_of,
+    tokenize_each,
+)
 from anyfit.units import GIB
 
-FORMAT = 5  # 2: record_cut.bin; 3: parts (a record can make several examples); 4: record_digest.bin;
-# 5: example_source.bin
-# name -> dtype; the per-example and per-record arrays are small next to the token arrays.
-ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
-          "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32,
-          "record_digest": np.uint64, "example_source": np.int16}
 # data.* keys that do not change the tokens (where the store lives, how many processes build it).
 NOT_TOKENS = ("cache_dir", "num_proc", "allow_stop_only")
 # The modules whose code turns records into tokens: a change in any of them is a new key.
 TOKENIZING_CODE = (formats, messages, chat, template_probes, reasoning_layout, templates, stopping, audit,
-                   tokenization, answers, source_names)
-_KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
+                   tokenization, answers, source_names, images, image_tokens)
 BATCH_RECORDS = 1024  # records rendered and tokenized per task: bounded memory, enough work per task
 PARALLEL_FROM = 20_000  # records; below this a worker pool costs more to start than it saves
 
@@ -104,12 +114,14 @@ def default_dir() -> Path:
     return cache_root() / "tokens"
 
 
-def store_key(cfg: DataConfig, tokenizer) -> str:
-    """The content key of the store ``cfg`` + ``tokenizer`` make (see the module docstring)."""
+def store_key(cfg: DataConfig, tokenizer, images: ImageTokens | None = None) -> str:
+    """The content key of the store ``cfg`` + ``tokenizer`` (+ the processor of ``images``) make (see the module
+    docstring)."""
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in NOT_TOKENS}
     code = hashlib.sha256(b"".join(Path(m.__file__).read_bytes() for m in TOKENIZING_CODE)).hexdigest()
     parts = {"format": FORMAT, "code": code, "source": source_fingerprint(cfg),
-             "tokenizer": tokenizer_fingerprint(tokenizer), "data": settings}
+             "tokenizer": tokenizer_fingerprint(tokenizer), "data": settings,
+             "processor": images.fingerprint() if images is not None else None}
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
@@ -158,6 +170,11 @@ class TokenStore:
         example = {"input_ids": ids.tolist(), "labels": labels.tolist()}
         if len(self.sources) > 1:  # data.source_column: the loss is summed per source too (training.loss)
             example.update(source=int(self.arrays["example_source"][i]), sources=len(self.sources))
+        if len(self.arrays["vision_offsets"]):
+            a, b = int(self.arrays["vision_offsets"][i]), int(self.arrays["vision_offsets"][i + 1])
+            if b > a:  # an image example: its text and images, for the batch workers (anyfit.data.image_batches)
+                example["vision"] = image_tokens.vision_of(self.arrays["vision"][a:b].tobytes(),
+                                                           self.arrays["image_bytes"])
         return example
 
     @property
@@ -197,6 +214,9 @@ class TokenStore:
                            self.arrays["trainable"][index].tolist(), self.manifest["max_length"],
                            self.manifest["overlong"], cut=self.arrays["part_cut"][parts].tolist(),
                            records=len(records), findings=findings)
+        if len(self.arrays["example_images"]):
+            report.images = int(self.arrays["example_images"][index].sum())
+            report.image_tokens = int(self.arrays["example_image_tokens"][index].sum())
         return Examples(self, index, report)
 
 
@@ -240,13 +260,14 @@ class Examples:
                            minlength=len(self.store.sources)).astype(np.int64)
 
 
-def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
+def open_or_build(cfg: DataConfig, tokenizer, echo=print, images: ImageTokens | None = None) -> TokenStore:
     """The store of ``cfg`` + ``tokenizer``: mapped when it exists and is intact, else built (by exactly one
-    process per location; the others wait on the lock, then map it)."""
+    process per location; the others wait on the lock, then map it). ``images``: the model's processor, for
+    records with images (``anyfit.data.image_tokens``)."""
     use_chat_template(tokenizer, cfg.chat_template)  # before the key: the tokenizer's fingerprint holds its template
     root = Path(cfg.cache_dir).expanduser() if cfg.cache_dir else default_dir()
     root.mkdir(parents=True, exist_ok=True)
-    key = store_key(cfg, tokenizer)
+    key = store_key(cfg, tokenizer, images)
     folder = root / key
     stamp = root / f"{key}.verified"
     launch = _launch_id()
@@ -264,7 +285,7 @@ def open_or_build(cfg: DataConfig, tokenizer, echo=print) -> TokenStore:
             # Only the lock holder builds this key, so a temporary folder of it is what a killed build left.
             for stale in root.glob(f".{key}.tmp-*"):
                 shutil.rmtree(stale, ignore_errors=True)
-            build(cfg, tokenizer, folder, echo=echo)
+            build(cfg, tokenizer, folder, echo=echo, images=images)
         if launch is not None:
             stamp.write_text(launch)
     return TokenStore.open(folder)
@@ -290,14 +311,14 @@ def store_problem(folder: Path, verify: bool = False) -> str | None:
     return durable.manifest_problem(folder, manifest["files"], verify, memo=digest_memo())
 
 
-def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
+def build(cfg: DataConfig, tokenizer, folder: Path, echo=print, images: ImageTokens | None = None) -> None:
     """Stream the records of ``cfg``, render and tokenize them in batches (in ``data.num_proc`` worker processes
     for large sets), and write the store into a temporary folder that is renamed when complete."""
-    batches = _tokenized_batches(cfg, tokenizer)
-    writer: _Writer | None = None
+    batches = _tokenized_batches(cfg, tokenizer, images)
+    writer: Writer | None = None
     try:
         with durable.building(folder) as tmp:
-            writer = _Writer(tmp, cfg.source_column)
+            writer = Writer(tmp, cfg.source_column)
             for results in batches:
                 writer.add(results)
             if not writer.kept:
@@ -325,48 +346,7 @@ def build(cfg: DataConfig, tokenizer, folder: Path, echo=print) -> None:
     echo(f"[anyfit] token store: {folder} (built: {writer.records:,} records, {writer.kept:,} examples)")
 
 
-@dataclass
-class _Packed:
-    """One batch's tokenization results as flat arrays: what a worker sends back and the writer appends.
-
-    Arrays, not the lists ``tokenize_each`` returns: a pickled list costs both processes time per token, an array
-    only a copy of its bytes, so the builder's parent is left with little more than writing (the lists were the
-    serial part that kept two workers from two cores: BENCHMARKS.md, 'Measurements that were quoted in code
-    comments (moved 2026-11-26)').
-    """
-
-    records: np.ndarray  # int64, one per part: its record's position in the batch
-    fates: np.ndarray  # uint8, one per part
-    lengths: np.ndarray  # int64, one per kept example
-    ids: np.ndarray  # int32, the kept examples' tokens end to end
-    mask: np.ndarray  # uint8, 1 where the token is trained on
-    cuts: np.ndarray  # int32, one per part: tokens truncation removed
-    findings: Findings  # the batch's unread fields and mask audit
-    digests: np.ndarray  # uint64, one per record
-    sources: list[str]  # data.source_column's value per record ([] without one)
-
-    @staticmethod
-    def of(batch: list[tokenization.RecordResult], records, column: str | None = None) -> _Packed:
-        findings = Findings()
-        for result in batch:
-            findings.add(result)
-        results = [part for result in batch for part in result.parts]
-        owners = np.fromiter((i for i, result in enumerate(batch) for _ in result.parts), dtype=np.int64,
-                             count=len(results))
-        kept = [(ids, labels) for fate, ids, labels, _ in results if fate.kept]
-        lengths = np.fromiter((len(ids) for ids, _ in kept), dtype=np.int64, count=len(kept))
-        total = int(lengths.sum())
-        ids = np.fromiter(itertools.chain.from_iterable(i for i, _ in kept), dtype=np.int32, count=total)
-        labels = np.fromiter(itertools.chain.from_iterable(lab for _, lab in kept), dtype=np.int64, count=total)
-        mask = labels != IGNORE_INDEX
-        if not np.array_equal(labels[mask], ids[mask]):  # the 1-byte mask could not hold them
-            raise AssertionError("a label differs from its token id; the token store cannot hold it")
-        return _Packed(owners, np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
-                       mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)),
-                       findings, record_digests(records, len(records)), source_names.record_sources(records, column))
-
-
-def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
+def _tokenized_batches(cfg: DataConfig, tokenizer, images: ImageTokens | None = None) -> Iterator[Packed]:
     """Per-record tokenization results, batch by batch, in record order. The format is detected (and the mapped
     fields checked) on the data set's first record, as when it is read whole; later batches take that format."""
     batches = iter_records(cfg, BATCH_RECORDS)
@@ -382,14 +362,15 @@ def _tokenized_batches(cfg: DataConfig, tokenizer) -> Iterator[_Packed]:
     bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
     try:
         bar.update(len(first))
-        yield _Packed.of(tokenize_each(first_examples, tokenizer, cfg), first, cfg.source_column)
+        yield Packed.of(tokenize_each(first_examples, tokenizer, cfg, images), first, cfg.source_column)
         if ahead:
-            yield from _rest(rest_cfg, tokenizer, first, ahead, batches, bar)
+            yield from _rest(rest_cfg, tokenizer, first, ahead, batches, bar, images)
     finally:
         bar.close()
 
 
-def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records], batches: Iterator[Records], bar):
+def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records], batches: Iterator[Records], bar,
+          images: ImageTokens | None = None):
     """The batches after the first (``rest_cfg``: the format found in the first): in this process, or over a pool
     of ``data.num_proc`` workers."""
     small = sum(map(len, ahead)) + len(first) < PARALLEL_FROM  # everything is read already
@@ -404,12 +385,12 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records],
     if workers <= 1:
         for batch, start in numbered():
             bar.update(len(batch))
-            yield _Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg), batch,
+            yield Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg, images), batch,
                              rest_cfg.source_column)
         return
     # spawn, not fork: the parent may hold a process group and torch's threads
     with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(tokenizer, rest_cfg)) as pool:
+                             initializer=_init_worker, initargs=(tokenizer, rest_cfg, images)) as pool:
         queue: collections.deque = collections.deque()
         submitted = 0
         try:
@@ -466,87 +447,20 @@ def _workers(cfg: DataConfig) -> int:
 _WORKER: dict[str, Any] = {}
 
 
-def _init_worker(tokenizer, cfg: DataConfig) -> None:
+def _init_worker(tokenizer, cfg: DataConfig, images: ImageTokens | None = None) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
-    _WORKER.update(tokenizer=tokenizer, cfg=cfg)
+    _WORKER.update(tokenizer=tokenizer, cfg=cfg, images=images)
 
 
 def _places(batch: Records) -> list[str]:
     return [batch.locate(i) for i in range(len(batch))]
 
 
-def _tokenize_in_worker(records: list[dict], places: list[str], start: int) -> _Packed:
+def _tokenize_in_worker(records: list[dict], places: list[str], start: int) -> Packed:
     cfg = _WORKER["cfg"]
     batch = Records(records, places.__getitem__)
-    return _Packed.of(tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg), batch,
-                      cfg.source_column)
-
-
-class _Writer:
-    """Appends tokenized records to the store's files as they come; only per-record bookkeeping stays in RAM."""
-
-    def __init__(self, folder: Path, column: str | None = None):
-        self.folder = folder
-        self.sources = source_names.SourceTable(column)
-        self.record_source = array("h")  # per record: its source's number (data.source_column)
-        self.ids = (folder / "input_ids.bin").open("wb")
-        self.mask = (folder / "loss_mask.bin").open("wb")
-        self.offsets, self.trainable = array("q", [0]), array("i")
-        self.part_record, self.fates, self.part_example, self.cuts = array("q"), array("B"), array("q"), array("i")
-        self.digests = (folder / "record_digest.bin").open("wb")
-        self.lengths: list[int] = []
-        self.records = 0
-        self.findings = Findings()
-
-    @property
-    def kept(self) -> int:
-        return len(self.trainable)
-
-    def add(self, batch: _Packed) -> None:
-        kept = np.isin(batch.fates, _KEPT)
-        first = len(self.trainable)
-        self.part_record.extend((self.records + batch.records).tolist())
-        self.records += int(batch.records[-1]) + 1 if len(batch.records) else 0  # every record has a part
-        self.findings.merge(batch.findings)
-        self.digests.write(batch.digests.tobytes())
-        self.record_source.extend(self.sources.number(batch.sources))
-        self.fates.extend(batch.fates.tolist())
-        self.cuts.extend(batch.cuts.tolist())
-        self.part_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
-        if not len(batch.lengths):
-            return
-        self.ids.write(batch.ids.tobytes())
-        self.mask.write(batch.mask.tobytes())
-        ends = np.cumsum(batch.lengths)
-        self.trainable.extend(np.add.reduceat(batch.mask.astype(np.int64), ends - batch.lengths).tolist())
-        self.offsets.extend((self.offsets[-1] + ends).tolist())
-        self.lengths.extend(batch.lengths.tolist())
-
-    def report(self, cfg: DataConfig) -> DataReport:
-        return report_of([Fate(f) for f in self.fates], self.lengths, list(self.trainable), cfg.max_length,
-                         cfg.overlong, cut=self.cuts, records=self.records, findings=self.findings)
-
-    def finish(self, cfg: DataConfig, key: str) -> None:
-        self.ids.close()
-        self.mask.close()
-        self.digests.close()
-        # each kept example's record (parts are in record order, kept ones numbered in turn), then its source
-        example_source = np.asarray(self.record_source, dtype=np.int16)[
-            np.asarray(self.part_record, dtype=np.int64)[np.asarray(self.part_example) >= 0]] \
-            if self.sources.column else np.zeros(0, np.int16)
-        for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("part_record", self.part_record),
-                             ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts),
-                             ("example_source", example_source)):
-            (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
-        counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
-                  "trainable": len(self.trainable), "part_record": len(self.part_record), "part_fate": len(self.fates),
-                  "part_example": len(self.part_example), "part_cut": len(self.cuts), "record_digest": self.records,
-                  "example_source": len(example_source)}
-        header = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
-                  "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
-                  "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg)),
-                  "sources": self.sources.names}
-        durable.write_manifest(self.folder, [f"{name}.bin" for name in ARRAYS], header, memo=digest_memo())
+    return Packed.of(tokenize_each(to_examples(batch, cfg, start), _WORKER["tokenizer"], cfg, _WORKER["images"]),
+                      batch, cfg.source_column)
 
 
 def _map(path: Path, dtype, count: int) -> np.ndarray:

@@ -10,9 +10,6 @@ comes from the characters each token covers (``_tokenize_whole`` states the rule
 prompt is tokenized on its own, so its ids are the ones the model is given when it generates; the completion's ids
 are those that follow them in the joined text (tokenized apart only where a token straddles the two, e.g. a prompt
 ending with a space). ``data.template=trl`` renderings are tokenized whole, as TRL does (see ``anyfit.data.templates``).
-
-``show_example`` prints one tokenized example with its loss mask visible (``anyfit render``): seeing
-exactly which tokens carry loss is the quickest check that a template and mask are right.
 """
 
 from __future__ import annotations
@@ -21,7 +18,6 @@ import dataclasses
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
 from typing import TYPE_CHECKING, Any
 
 from tqdm.auto import tqdm
@@ -30,6 +26,7 @@ from anyfit.config import DataConfig
 from anyfit.data.audit import IGNORE_INDEX, Findings, MaskAudit, audit_lines
 from anyfit.data.chat import template_name, use_chat_template
 from anyfit.data.formats import Example, to_examples
+from anyfit.data.image_tokens import ImageTokens, expand_image_records, rendered_text
 from anyfit.data.stopping import stop_token_ids
 from anyfit.data.sources import DataError
 from anyfit.data.templates import (
@@ -47,10 +44,6 @@ from anyfit.data.templates import (
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-GREEN = "\033[32m"
-GREY = "\033[90m"
-RESET = "\033[0m"
-OPEN, CLOSE = "\u27e6", "\u27e7"  # ⟦ ⟧: rarely found in training text, so the marks stay unambiguous
 
 
 # Why an example is dropped: the report's count, how the data line says it, and what to change when no example is
@@ -95,6 +88,8 @@ class DataReport:
     split_records: int = 0  # records made into several examples
     stop_only_examples: int = 0  # kept examples that train nothing but their end-of-turn or EOS token
     notes: dict[str, int] = field(default_factory=dict)  # what was done to some records (anyfit.data.audit.NOTES)
+    images: int = 0  # images of the kept examples, and the tokens the processor expands them into
+    image_tokens: int = 0
 
     def summary(self) -> str:
         made = f" ({self.split_records} split into several examples)" if self.split_records else ""
@@ -108,6 +103,8 @@ class DataReport:
             share = 100.0 * self.trainable_tokens / max(self.total_tokens, 1)
             parts.append(f"{self.total_tokens:,} tokens, {self.trainable_tokens:,} trained on ({share:.0f}%); "
                          f"longest {self.max_length}, mean {self.mean_length:.1f} tokens per example.")
+        if self.images:
+            parts.append(f"{self.images:,} images, {self.image_tokens:,} image tokens (never trained on).")
         # What was left unread and what the mask audit found: a line each, after the counts.
         return "\n  ".join([" ".join(parts), *audit_lines(dataclasses.asdict(self))])
 
@@ -175,18 +172,21 @@ class RecordResult:
     findings: tuple[str, ...] = ()
     place: str = ""
     stop_only: int = 0  # its kept examples that train nothing but their stop (the audit's ``stop_only``)
+    vision: list[dict] = field(default_factory=list)  # an image record: each part's text and images (image_tokens)
 
 
-def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase,
-                  cfg: DataConfig) -> list[RecordResult]:
+def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBase, cfg: DataConfig,
+                  images: ImageTokens | None = None) -> list[RecordResult]:
     """The result of every example, in order: the one rule behind ``tokenize_dataset`` and the token store
-    (``anyfit.data.store``)."""
+    (``anyfit.data.store``). Records with images take the ids of ``images``' processor
+    (``anyfit.data.image_tokens``)."""
     if not examples:
         return []
     audit = MaskAudit.of(tokenizer, cfg)
     # laid_out: the mask is anyfit's own segments (assistant turns by construction), not a template's or the data's.
     laid_out = [False] * len(examples)
     notes: dict[int, list[str]] = {}  # what the data report says of a record (an empty think block kept out)
+    texts: dict[int, list[str]] = {}  # image records: each part's rendered text
     if examples[0].kind == "tokens":  # pre-tokenized: no template, the mask says what is trained
         pairs = [[_pretokenized(e, cfg, len(tokenizer))] for e in examples]
     else:
@@ -202,12 +202,15 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
                 continue
             renderings += parts
             owners += [i] * len(parts)
+            if example.images:
+                texts[i] = [rendered_text(r) for r in parts]
             laid_out[i] = all(isinstance(r, Rendering) for r in parts)
             for r in parts:
                 if isinstance(r, Rendering) and r.notes:
                     notes.setdefault(i, []).extend(r.notes)
         for i, pair in zip(owners, _tokenize_renderings(renderings, tokenizer, cfg)):
             pairs[i].append(pair)
+    visions = expand_image_records(examples, texts, pairs, images) if texts else {}
     # The audit scans the whole batch at once (vectorised: it runs on every token of a data set).
     owner = [i for i, example_pairs in enumerate(pairs) for _ in example_pairs]
     found = audit.scan([pair for example_pairs in pairs for pair in example_pairs], [not laid_out[i] for i in owner],
@@ -217,17 +220,21 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
         findings.setdefault(owner[k], []).extend(names)
     results, k = [], 0  # k: the first of this record's pairs in the audit's numbering
     for i, (example, example_pairs) in enumerate(zip(examples, pairs)):
-        parts = [_length_policy(pair, cfg) for pair in example_pairs] or [_length_policy(None, cfg)]
+        parts = [_length_policy(pair, cfg, vision) for pair, vision in
+                 zip(example_pairs, visions.get(i, [None] * len(example_pairs)))] or [_length_policy(None, cfg)]
         names = tuple(dict.fromkeys(findings[i])) if i in findings else ()
         stop_only = sum(part[0].kept and "stop_only" in found.get(k + j, ()) for j, part in
                         enumerate(parts[:len(example_pairs)]))
-        results.append(RecordResult(parts, example.unused, names, example.place if names else "", stop_only))
+        results.append(RecordResult(parts, example.unused, names, example.place if names else "", stop_only,
+                                    visions.get(i, [])))
         k += len(example_pairs)
     return results
 
 
-def _length_policy(pair: tuple[list[int], list[int]] | None,
-                   cfg: DataConfig) -> tuple[Fate, list[int], list[int], int]:
+def _length_policy(pair: tuple[list[int], list[int]] | None, cfg: DataConfig,
+                   vision: dict | None = None) -> tuple[Fate, list[int], list[int], int]:
+    """An example's fate under data.max_length / data.overlong; a cut that would take image tokens (``vision``'s
+    last one) drops the example: its images cannot be cut with it."""
     if pair is None:
         return Fate.DROPPED_NO_ANSWER, [], [], 0
     input_ids, labels = pair
@@ -235,7 +242,7 @@ def _length_policy(pair: tuple[list[int], list[int]] | None,
         return Fate.DROPPED_NOTHING_TO_TRAIN, [], [], 0
     fate, cut = Fate.KEPT, 0
     if len(input_ids) > cfg.max_length:
-        if cfg.overlong == "drop":
+        if cfg.overlong == "drop" or (vision and vision["last_image_token"] >= cfg.max_length):
             return Fate.DROPPED_OVERLONG, [], [], 0
         cut = len(input_ids) - cfg.max_length
         input_ids, labels = input_ids[: cfg.max_length], labels[: cfg.max_length]
@@ -266,12 +273,17 @@ def report_of(fates: Sequence[Fate], lengths: Sequence[int], trainable: Sequence
     return report
 
 
-def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase,
-                     cfg: DataConfig) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, labels) of each example one record makes, before the length policy (for inspecting a record)."""
+def tokenize_example(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig,
+                     images: ImageTokens | None = None) -> list[tuple[list[int], list[int]]]:
+    """(input_ids, labels) of each example one record makes, before the length policy (for inspecting a record);
+    an image record's with the ids of ``images``' processor."""
     if example.kind == "tokens":
         return [_pretokenized(example, cfg, len(tokenizer))]
-    return _tokenize_renderings(render(example, tokenizer, cfg), tokenizer, cfg)
+    renderings = render(example, tokenizer, cfg)
+    pairs = [_tokenize_renderings(renderings, tokenizer, cfg)]
+    if example.images:
+        expand_image_records([example], {0: [rendered_text(r) for r in renderings]}, pairs, images)
+    return pairs[0]
 
 
 def prompt_token_ids(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: DataConfig) -> list[int]:
@@ -279,24 +291,6 @@ def prompt_token_ids(example: Example, tokenizer: PreTrainedTokenizerBase, cfg: 
     # Chat templates write their own BOS; the text templates get the tokenizer's (as in `render`).
     prefix = [] if uses_chat_template(example, cfg) else _special_prefix(tokenizer)
     return prefix + _encode([render_prompt(example, tokenizer, cfg)], tokenizer)[0]
-
-
-def show_example(input_ids: list[int], labels: list[int], tokenizer: PreTrainedTokenizerBase, color: bool) -> str:
-    """The decoded example, trained tokens green and masked ones grey (``color``), or trained spans
-    wrapped in ⟦ ⟧ (no color); then a line with the token counts."""
-    if len(input_ids) != len(labels):
-        raise ValueError(f"input_ids ({len(input_ids)}) and labels ({len(labels)}) differ in length.")
-    pieces = []
-    # Decoding whole spans (not token by token) keeps multi-byte characters intact inside a span.
-    for trained, group in groupby(zip(input_ids, labels), key=lambda pair: pair[1] != IGNORE_INDEX):
-        text = tokenizer.decode([tok for tok, _ in group], skip_special_tokens=False)
-        if color:
-            pieces.append(f"{GREEN if trained else GREY}{text}{RESET}")
-        else:
-            pieces.append(f"{OPEN}{text}{CLOSE}" if trained else text)
-    n_trained = _count_trained(labels)
-    share = 100.0 * n_trained / max(len(input_ids), 1)
-    return "".join(pieces) + f"\n{len(input_ids)} tokens, {n_trained} trained ({share:.0f}%)"
 
 
 def _tokenize_renderings(renderings: Sequence[Rendered], tokenizer: PreTrainedTokenizerBase,

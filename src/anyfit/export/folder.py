@@ -31,6 +31,7 @@ from anyfit.config import ModelConfig
 from anyfit.hardware.runtime import quiet_deepspeed
 from anyfit.model.composite import model_class
 from anyfit.model.loading import load_for_inference
+from anyfit.model.processor import copy_processor_files
 from anyfit.model.unloaded import find_unloaded
 from anyfit.runfolder import RUN_CONFIG
 from anyfit.training.checkpoints.best import FINAL, read_best
@@ -88,6 +89,7 @@ def _export_into(req: ExportRequest, folder: Path, command: str | None, echo) ->
     if req.run_files.config is not None:  # a run saved before its options were its template's defaults gets them
         serve_as_trained(tokenizer, None, req.run_files.config.data.chat_template_kwargs)
     tokenizer.save_pretrained(folder)
+    copy_processor_files(Path(req.location.tokenizer), folder)  # a vision-language model's image processing
     # Other tools generate with generation_config.json: it must stop where the chat template ends a turn.
     stops = write_generation_config(folder, model, tokenizer)
     if stops:

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from anyfit.config import Config, ConfigError
+from anyfit.data.batching import to_device
 from anyfit.data.readers import read_file
 from anyfit.data.tokenization import IGNORE_INDEX
 from anyfit.training.loss import cross_entropy_sum, kept_logits, source_groups
@@ -160,8 +161,7 @@ def base_top_k(backend, model, examples: list[dict], k: int, micro_batch: int, c
     model.eval()
     try:
         for i in range(0, len(examples), micro_batch):
-            batch = {key: v.to(device) if isinstance(v, torch.Tensor) else v
-                     for key, v in collate_fn(examples[i:i + micro_batch]).items()}
+            batch = to_device(collate_fn(examples[i:i + micro_batch]), device)
             logits = kept_logits(model, batch).float()
             lse = torch.logsumexp(logits, dim=-1, keepdim=True)
             top, ids = logits.topk(min(k, logits.shape[-1]), dim=-1)

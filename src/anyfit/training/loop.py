@@ -26,8 +26,11 @@ from anyfit.backends import choose_backend, choose_sequence_parallel
 from anyfit.backends.sequence import SequenceSplit, split_attention
 from anyfit.config import Config
 from anyfit.data.batching import BatchPlan, StepStream, WindowBatches, WindowSampler, collate
+from anyfit.data.image_batches import ImageBatches
+from anyfit.data.image_tokens import ImageTokens
 from anyfit.data.prepare import data_fingerprint, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
+from anyfit.model.processor import load_processor
 from anyfit.model.tokenizer import load_tokenizer
 from anyfit.model.moe import adapter_in_experts
 from anyfit.model.shape import shape_from_config
@@ -85,7 +88,8 @@ def start_up_checks(parts: Parts, examples) -> tuple[PackingVerdict | None, Infe
         packing = choose_packing(parts.model, examples, pad_id, cfg.data.max_length, acc.device, policy.compute_dtype,
                                  acc.autocast, check=cfg.train.packing_check)
         parts.say(f"[anyfit] {packing.line}")
-    parts.collate = functools.partial(collate, pad_id=pad_id, packed=bool(packing and packing.packed))
+    parts.collate = functools.partial(collate, pad_id=pad_id, packed=bool(packing and packing.packed),
+                                      images=ImageBatches(parts.images) if getattr(parts.images, "processor", None) else None)
     inference = check_inference(parts.model, examples=examples, collate=parts.collate, pad_id=pad_id,
                                 device=acc.device, compute_dtype=policy.compute_dtype, autocast=acc.autocast,
                                 mode=cfg.train.inference_check)  # training.inference_check
@@ -138,7 +142,8 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run
     # draws the same windows
     ModelSource.from_config(cfg.model).check_weights()  # a broken model folder is one line before any data work
     parts.tokenizer = load_tokenizer(cfg.model)
-    data = parts.data = prepare_training_data(cfg, parts.tokenizer, say)
+    parts.images = ImageTokens(*load_processor(cfg.model, parts.tokenizer))  # a vision-language model's, else why none
+    data = parts.data = prepare_training_data(cfg, parts.tokenizer, say, parts.images)
     say(f"[anyfit] data: {data.report.summary()}")
     drawn = data_fingerprint(data.examples)  # what the windows read: each checkpoint keeps it, a resume compares
     data_note = resume_from and check_data(resume_from, drawn, cfg.train.resume_changed_data)  # before the model

@@ -33,6 +33,12 @@ from anyfit.model.head import fused_head_of
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
 
 
+def model_inputs(batch: dict) -> dict:
+    """What the model's forward takes of a collated batch: the token inputs, and the processed images of image
+    examples (``image_inputs``: pixel_values, image_grid_thw, ...; ``anyfit.data.image_batches``)."""
+    return {k: batch[k] for k in MODEL_INPUTS if k in batch} | batch.get("image_inputs", {})
+
+
 class ChunkedCrossEntropy(torch.autograd.Function):
     """Summed cross-entropy of (N, V) logits, computed in fp32 ``chunk`` rows at a time.
 
@@ -174,7 +180,7 @@ def source_groups(batch: dict) -> tuple[torch.Tensor | None, int]:
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
     """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``: one
     number, or the sums per source when the batch names its sources (the module docstring)."""
-    inputs = {k: batch[k] for k in MODEL_INPUTS if k in batch}
+    inputs = model_inputs(batch)
     groups, n_groups = source_groups(batch)
     head = fused_head_of(model)
     if head is None:
@@ -196,7 +202,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
 def kept_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(N, V) logits at a batch's kept positions (those whose next token is trained), in ``keep_targets``' order:
     what ``training.forgetting`` compares with the base model's."""
-    logits = _kept_outputs(model, {k: batch[k] for k in MODEL_INPUTS if k in batch}, batch["keep"])
+    logits = _kept_outputs(model, model_inputs(batch), batch["keep"])
     return logits.reshape(-1, logits.shape[-1])
 
 

@@ -177,6 +177,11 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
         inner.set_attn_implementation(own)
         return PackingVerdict(False, own, f"packing: off for this model ({state} carry a state along the row, "
                                           "and transformers passes them no example boundaries): padded batches")
+    if getattr(getattr(examples, "report", None), "images", 0):
+        own = _own_attention(model)  # padded rows, as for the stateful layers above
+        inner.set_attn_implementation(own)
+        return PackingVerdict(False, own, "packing: off: the data holds images, trained in padded batches (packed "
+                                          "rows of image records are not built yet)")
     if not check:
         return PackingVerdict(True, attention,
                               f"packing: on ({attention}), not self-tested (train.packing_check=false)")

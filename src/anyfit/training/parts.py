@@ -33,6 +33,7 @@ class Parts:
     say: Callable[..., None]  # prints on the main process only
     out: Path | None = None  # the run folder (where the run starts: ``checkpoints.start``)
     tokenizer: Any = None
+    images: Any = None  # the model's processor for image records (``anyfit.data.image_tokens.ImageTokens``)
     data: TrainingData | None = None
     loaded: Loaded | None = None  # the model as the backend loaded it (``.model``: under no wrapper) and its sizes
     model: nn.Module | None = None  # the same model under the backend's wrapper: what steps and evaluations call

@@ -10,15 +10,8 @@ from anyfit.config import DataConfig
 from anyfit.data.formats import to_examples
 from anyfit.data.sources import DataError
 from anyfit.data.templates import R1_ZERO_PROMPT, render_prompt
-from anyfit.data.tokenization import (
-    GREEN,
-    GREY,
-    IGNORE_INDEX,
-    prompt_token_ids,
-    show_example,
-    tokenize_dataset,
-    tokenize_example,
-)
+from anyfit.data.showing import GREEN, GREY, show_example
+from anyfit.data.tokenization import IGNORE_INDEX, prompt_token_ids, tokenize_dataset, tokenize_example
 
 TWO_TURNS = {"messages": [
     {"role": "user", "content": "Hi there"},

@@ -27,6 +27,7 @@ from anyfit.backends.reading import damaged, torch_load
 from anyfit.data import fingerprint
 from anyfit.data.stopping import write_generation_config
 from anyfit.durable import follow_umask
+from anyfit.model.processor import save_processor
 from anyfit.model.source import record_base
 from anyfit.model.unloaded import UnloadedTensors, clear_kept
 from anyfit.runfolder import (
@@ -94,6 +95,8 @@ def save_model(backend: Backend, accelerator, model, tokenizer, directory: Path,
             unloaded.write_into(directory)
         if tokenizer is not None:
             tokenizer.save_pretrained(directory)
+            if model_cfg is not None:  # a vision-language model's processor, with the run's chat template
+                save_processor(model_cfg, tokenizer, directory)
             if not adapter:  # an adapter is loaded on its base, with the base's generation config
                 stops = write_generation_config(directory, bare, tokenizer)
         if model_cfg is not None and adapter:

@@ -1,0 +1,81 @@
+"""The images of a micro-batch, decoded and processed in the batch workers by the model's own processor, into the
+inputs its forward takes beside the token ids (``pixel_values``, ``image_grid_thw``, ``mm_token_type_ids``, ...).
+
+The token store holds each image example's rendered text and image references (``anyfit.data.image_tokens``), never
+pixels. Here the processor is called on the batch's texts and real images exactly as transformers'
+``processor.apply_chat_template(..., tokenize=True)`` calls it, so the tensors are the ones the model is given at
+inference, batched as the processor batches them (every family's layout is its processor's: Qwen's flattened
+patches and grids, Idefics3's padded image grid with its pixel mask, Gemma-3's fixed-size crops). Its ids must be the
+store's ids (a prefix of either: the store may hold a cut example, or the EOS the text pipeline appends), else the
+batch is refused: an image file that changed since the store was built, or a processor whose token count depends on
+more than an image's size, would otherwise train on ids the store's mask does not describe.
+
+The processor's per-token outputs beside the ids (``mm_token_type_ids``, Gemma-3's ``token_type_ids``) are laid onto
+anyfit's own padded rows; rows without images get zeros (text), as the processor gives a text token.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from anyfit.data.image_tokens import ImageTokens
+from anyfit.data.images import ImageRef, load_image
+from anyfit.data.records import DataError
+
+# The processor's outputs that are the text's own: anyfit's collate makes them from the store.
+_TEXT_KEYS = ("input_ids", "attention_mask")
+
+
+@dataclass
+class ImageBatches:
+    """Called by ``batching.collate`` on a padded micro-batch with image examples: their model inputs."""
+
+    images: ImageTokens
+
+    def __call__(self, examples: list[dict], width: int) -> dict[str, torch.Tensor]:
+        """The image inputs of a padded micro-batch of ``examples`` (``width`` tokens per row)."""
+        rows = [r for r, ex in enumerate(examples) if "vision" in ex]
+        texts = [examples[r]["vision"]["text"] for r in rows]
+        pictures = [[_decoded(ref, digest) for ref, digest in
+                     zip(examples[r]["vision"]["images"], examples[r]["vision"]["sha256"])] for r in rows]
+        kwargs = self.images.text_kwargs(texts[0])
+        out = self.images.processor(text=texts, images=pictures, padding=True, return_tensors="pt", **kwargs)
+        valid = out["attention_mask"].bool() if "attention_mask" in out else torch.ones_like(out["input_ids"]).bool()
+        inputs: dict[str, Any] = {}
+        for k, r in enumerate(rows):
+            ids = out["input_ids"][k][valid[k]].tolist()
+            stored = examples[r]["input_ids"]
+            n = min(len(ids), len(stored))
+            if ids[:n] != stored[:n] or len(stored) > len(ids) + 1:
+                raise DataError(f"the model's processor gives an image example ids that differ from the token store's "
+                                f"({examples[r]['vision']['images'][0].describe()}, ...): an image changed since the "
+                                "store was built, or this processor's image tokens depend on more than the image's "
+                                "size. Run `anyfit prepare` again (a changed image file), or report the model.")
+        for key, value in out.items():
+            if key in _TEXT_KEYS:
+                continue
+            if isinstance(value, torch.Tensor) and value.shape[:2] == out["input_ids"].shape:  # per token
+                laid = torch.zeros((len(examples), width), dtype=value.dtype)
+                for k, r in enumerate(rows):
+                    own = value[k][valid[k]]
+                    n = min(len(own), len(examples[r]["input_ids"]))
+                    laid[r, :n] = own[:n]
+                    laid[r, n:len(examples[r]["input_ids"])] = own[n - 1]  # the tokens appended after the text
+                inputs[key] = laid
+            else:
+                inputs[key] = value
+        return inputs
+
+
+def _decoded(ref: ImageRef, digest: str):
+    """The image, decoded, when its bytes are still those the token store was built from (a DataError otherwise)."""
+    raw = ref.read_bytes()
+    if hashlib.sha256(raw).hexdigest() != digest:
+        raise DataError(f"image {ref.describe()} changed since the token store was built from it (its bytes differ), so "
+                        "its tokens may not match it; run `anyfit prepare` again (set data.cache_dir elsewhere or "
+                        "delete the store to rebuild), or restore the image.")
+    return load_image(ImageRef(data=raw), ref.describe())

@@ -1,0 +1,65 @@
+"""The model's processor, for records with images: loaded for a vision-language checkpoint (a composite with a vision
+config: ``anyfit.model.composite``), with anyfit's tokenizer in it (its pad token, its checked file, the run's chat
+template), so the processor's ids and the text pipeline's come from one tokenizer. A text-only model gets none, and
+its image records are refused in one line (``anyfit.data.image_tokens.ImageTokens`` holds the processor, or why there
+is none).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from anyfit.config import ModelConfig
+from anyfit.model.composite import is_composite
+from anyfit.model.source import ModelSource
+
+
+def load_processor(cfg: ModelConfig, tokenizer) -> tuple[object | None, str]:
+    """(the processor of ``cfg``'s model, ""), or (None, why there is none: a text-only model, a GGUF file, a
+    processor that does not load)."""
+    from transformers import AutoConfig, AutoProcessor
+
+    src = ModelSource.from_config(cfg)
+    name = cfg.name_or_path
+    if src.gguf_file:
+        return None, f"{name} is a GGUF file, which holds a language model only"
+    try:
+        config = AutoConfig.from_pretrained(src.path, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    except (OSError, ValueError) as e:
+        return None, f"the config of {name} could not be read ({' '.join(str(e).split())[:200]})"
+    if not is_composite(config) or getattr(config, "vision_config", None) is None:
+        return None, f"{name} is a text-only model (model_type {config.model_type!r}, no vision config)"
+    try:
+        processor = AutoProcessor.from_pretrained(src.path, tokenizer=tokenizer, revision=cfg.revision,
+                                                  trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError, ImportError, TypeError) as e:
+        return None, f"the processor of {name} could not be loaded ({' '.join(str(e).split())[:300]})"
+    if not hasattr(processor, "image_processor"):
+        return None, f"{name}'s processor ({type(processor).__name__}) has no image processor"
+    return processor, ""
+
+
+# The files of a processor beside the tokenizer's: what transformers' AutoProcessor and vLLM read to process images.
+PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "video_preprocessor_config.json")
+
+
+def save_processor(cfg: ModelConfig, tokenizer, directory: Path) -> list[str]:
+    """The model's processor files into ``directory`` beside the saved model and tokenizer (nothing for a text-only
+    model), with the chat template the run trained with; the file names written."""
+    processor, _ = load_processor(cfg, tokenizer)
+    if processor is None:
+        return []
+    processor.chat_template = tokenizer.chat_template  # the run's template (an override, its baked options)
+    processor.save_pretrained(directory)
+    return [name for name in PROCESSOR_FILES if (directory / name).is_file()]
+
+
+def copy_processor_files(source: Path, folder: Path) -> list[str]:
+    """A saved run's processor files copied into an export of it (the tokenizer and template are saved apart)."""
+    copied = []
+    for name in PROCESSOR_FILES:
+        if (source / name).is_file():
+            shutil.copyfile(source / name, folder / name)
+            copied.append(name)
+    return copied

@@ -1,0 +1,89 @@
+"""Image records, exact against each family's own processor and forward: for tiny random-init vision-language models
+of six families with their real processors (``tests/vlm_fixtures``), the token store's ids equal what
+``processor.apply_chat_template(..., tokenize=True)`` gives at inference, the batch's image tensors equal the
+processor's, and anyfit's summed token loss equals transformers' own forward with labels, one example at a time
+(fp32: the same computation, so the same numbers up to the order of a sum)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from vlm_fixtures import FAMILIES, built_vlm, make_image, missing_for
+
+from anyfit.config import DataConfig, ModelConfig
+from anyfit.data.batching import collate
+from anyfit.data.formats import Example
+from anyfit.data.image_batches import ImageBatches
+from anyfit.data.image_tokens import ImageTokens
+from anyfit.data.images import ImageRef
+from anyfit.data.tokenization import IGNORE_INDEX, tokenize_each
+from anyfit.model.processor import load_processor
+from anyfit.model.tokenizer import load_tokenizer
+from anyfit.training.loss import token_loss_sum
+
+QUESTION = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is in the picture?"}]},
+            {"role": "assistant", "content": "Two red squares."}]
+
+
+def _setup(family: str):
+    if why := missing_for(family):
+        pytest.skip(why)
+    folder = built_vlm(family)
+    cfg = ModelConfig(name_or_path=str(folder))
+    tokenizer = load_tokenizer(cfg)
+    return folder, tokenizer, ImageTokens(*load_processor(cfg, tokenizer))
+
+
+def _images(tmp_path, sizes):
+    refs = []
+    for k, (w, h) in enumerate(sizes):
+        path = tmp_path / f"image{k}.png"
+        make_image(w, h, seed=k).save(path)
+        refs.append(ImageRef(path=str(path)))
+    return tuple(refs)
+
+
+def _reference(images: ImageTokens, messages, refs):
+    """The processor's own inference output on the conversation with the decoded images."""
+    from PIL import Image
+
+    pictures = iter(Image.open(ref.path).convert("RGB") for ref in refs)
+    conversation = [{**m, "content": [dict(p, image=next(pictures)) if p["type"] == "image" else p for p in m["content"]]
+                     if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]} for m in messages]
+    return images.processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_ids_tensors_and_loss_are_the_processors_and_the_models_own(family, tmp_path):
+    folder, tokenizer, images = _setup(family)
+    refs = _images(tmp_path, [(64, 48)])
+    example = Example(kind="messages", messages=QUESTION, images=refs)
+    (result,) = tokenize_each([example], tokenizer, DataConfig(path="unused"), images)
+    (fate, ids, labels, _), vision = result.parts[0], result.vision[0]
+    reference = _reference(images, QUESTION, refs)
+    expected = reference["input_ids"][0].tolist()
+    # the template's text after the answer (a newline after the end of turn) is not trained, so not kept; where the
+    # template ends the turn without a stop token, the text pipeline's EOS follows the answer (as for text records)
+    body = ids[:-1] if ids[-1] == tokenizer.eos_token_id and expected[len(ids) - 1:len(ids)] != ids[-1:] else ids
+    assert body == expected[:len(body)] and len(expected) - len(body) <= 1
+    assert tokenizer.decode([t for t, l in zip(ids, labels) if l != IGNORE_INDEX]).strip().startswith("Two red squares.")
+    assert vision["image_tokens"] > 0 and all(labels[k] == IGNORE_INDEX for k in range(vision["last_image_token"] + 1))
+
+    text = {"input_ids": [1, 2, 3, 4, 5], "labels": [IGNORE_INDEX, IGNORE_INDEX, 3, 4, 5]}  # a text row beside it
+    batch = collate([{"input_ids": ids, "labels": labels, "vision": vision}, text], tokenizer.pad_token_id,
+                    images=ImageBatches(images))
+    for key, value in reference.items():
+        if key not in ("input_ids", "attention_mask"):
+            got = batch["image_inputs"][key]
+            assert torch.equal(got[0, :len(ids)] if got.shape[:1] == (2,) and got.dim() == 2 else got,
+                               value[0, :len(ids)] if value.dim() == 2 and value.shape[-1] == len(expected) else value), key
+
+    from transformers import AutoModelForImageTextToText
+
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
+    summed = token_loss_sum(model, batch)
+    with torch.no_grad():
+        own = {k: v[:, :len(ids)] if v.dim() == 2 and v.shape[-1] == len(expected) else v for k, v in reference.items()}
+        one = model(**own, labels=torch.tensor([labels])).loss * sum(l != IGNORE_INDEX for l in labels[1:])
+        two = model(input_ids=torch.tensor([text["input_ids"]]), labels=torch.tensor([text["labels"]])).loss * 3
+    torch.testing.assert_close(summed.detach(), one + two, rtol=1e-5, atol=1e-4)
