@@ -25,7 +25,7 @@ from typing import Any
 
 from anyfit.data.columnar import arrow_chunks, arrow_rows, parquet_chunks, parquet_rows
 from anyfit.data.files import READABLE, compression_of, file_format, is_readable, open_bytes, reencode
-from anyfit.data.records import DataError, Records, concat
+from anyfit.data.records import DataError, Place, Records, concat, folder_of
 
 __all__ = ["DataError", "Records", "concat", "READABLE", "is_readable", "check_readable", "read_file", "count_rows"]
 
@@ -180,7 +180,7 @@ def _open_jsonl(path: Path) -> _Entries:
             lines.close()
             return _array_entries(path, whole)
     return _Entries(_prepend(first, lines), lambda lineno, raw: _parse_line(path, lineno, raw),
-                    lambda lineno: f"{path}:{lineno}")
+                    lambda lineno, folder=folder_of(path): Place(f"{path}:{lineno}", folder))
 
 
 def _prepend(first: Any, rest: Iterator) -> Iterator:
@@ -260,7 +260,8 @@ def _open_json(path: Path) -> _Entries:
                             f'such as {{"data": [...]}}; found several, under keys {sorted(lists)}: keep one, or '
                             "give each its own file.")
         if not lists:
-            return _Entries(iter([(0, data)]), lambda i, record: record, lambda i: str(path))
+            return _Entries(iter([(0, data)]), lambda i, record: record,
+                            lambda i, folder=folder_of(path): Place(str(path), folder))
         key, data = lists[0], data[lists[0]]
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a list of records or an object, got {type(data).__name__}.")
@@ -284,7 +285,7 @@ def _array_entries(path: Path, data: list, key: str | None = None) -> _Entries:
                             f"{_snippet(json.dumps(record))}")
         return record
 
-    return _Entries(iter(enumerate(data)), parse, lambda i: f"{where} {i}")
+    return _Entries(iter(enumerate(data)), parse, lambda i, folder=folder_of(path): Place(f"{where} {i}", folder))
 
 
 # ---------------------------------------------------------------------------------------------- CSV
@@ -311,7 +312,7 @@ def _open_csv(path: Path) -> _Entries:
                             f"{len(header)}: {_snippet(','.join(row))}. Quote cells that hold a comma (\"a, b\").")
         return {name: value if value != "" else None for name, value in zip(header, row)}
 
-    return _Entries(rows, parse, lambda line: f"{path}:{line}")
+    return _Entries(rows, parse, lambda line, folder=folder_of(path): Place(f"{path}:{line}", folder))
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
