@@ -339,7 +339,7 @@ def load_image(ref: ImageRef, where: str) -> PIL.Image.Image:
     from PIL import Image, ImageOps
     from transformers.image_transforms import convert_to_rgb
 
-    image = _open(ref, where)
+    image = opened = _open(ref, where)
     try:
         frames = getattr(image, "n_frames", 1)
         if frames > 1:
@@ -353,9 +353,9 @@ def load_image(ref: ImageRef, where: str) -> PIL.Image.Image:
             image.load()
             image = ImageOps.exif_transpose(image)
         except (OSError, SyntaxError, ValueError) as e:  # PIL's truncated or corrupt data
-            raise DataError(f"{where} cannot be decoded ({' '.join(str(e).split())}): the file is truncated or "
-                            "corrupt; download or export it again.") from None
+            raise _corrupt(where, e) from None
         if image.mode == "RGB" and "transparency" not in image.info:
+            opened = None if image is opened else opened  # the image returned stays open
             return image
         try:
             return Image.fromarray(convert_to_rgb(image, return_numpy=True))
@@ -363,7 +363,8 @@ def load_image(ref: ImageRef, where: str) -> PIL.Image.Image:
             raise DataError(f"{where} has PIL mode {image.mode}, which cannot be made RGB ({e}); save it as RGB "
                             "(PNG or JPEG).") from None
     finally:
-        image.close()
+        if opened is not None:
+            opened.close()  # the file handle; the pixels are loaded
 
 
 _MODES = {"I": "32-bit or 16-bit integer", "F": "32-bit float"}
@@ -398,4 +399,11 @@ def _open(ref: ImageRef, where: str) -> PIL.Image.Image:
     except DataError as e:
         raise DataError(f"{where}: {e}") from None
     except OSError as e:
-        raise DataError(f"{where}: cannot read the image ({e.strerror or e}).") from None
+        if e.errno is not None:  # the file system's: permissions, a folder, ...
+            raise DataError(f"{where}: cannot read the image ({e.strerror or e}).") from None
+        raise _corrupt(where, e) from None
+
+
+def _corrupt(where: str, error: Exception) -> DataError:
+    return DataError(f"{where} cannot be decoded ({' '.join(str(error).split())}): the file is truncated or corrupt; "
+                     "download or export it again.")
