@@ -236,7 +236,8 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
         extras["chat_template_kwargs"] = parse_options(record[columns["chat_template_kwargs"]],
                                                        f"{place}: '{columns['chat_template_kwargs']}'")
     example = shape.read(Reading(record, index, fmt, columns, place, extras, cfg.ignore_fields, unused))
-    if example.kind in ("messages", "prompt_completion"):
+    if example.kind in ("messages", "prompt_completion") and (
+            any(columns.get(name) in record for name in _MEDIA) or _has_parts(example)):
         example = _with_images(example, record, columns, place, cfg.ignore_fields, getattr(origin, "folder", None))
     _refuse_content(unused, cfg, place, fmt)
     return example if not unused else _with_unused(example, unused)
@@ -277,6 +278,12 @@ def _with_images(example: Example, record: Mapping[str, Any], columns: Mapping[s
     if example.kind == "messages":
         return dataclasses.replace(example, messages=out, images=refs)
     return dataclasses.replace(example, prompt=out, images=refs)
+
+
+def _has_parts(example: Example) -> bool:
+    """Whether a message of the example has content parts (an image part: text parts are joined when read)."""
+    messages = example.messages if example.kind == "messages" else example.prompt
+    return isinstance(messages, list) and any(type(m["content"]) is list for m in messages)
 
 
 def _with_unused(example: Example, unused: list[str]) -> Example:
