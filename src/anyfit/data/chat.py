@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from anyfit.data.messages import Message, inline_reasoning
+from anyfit.data.messages import Message, content_texts, inline_reasoning, prepend_text
 from anyfit.data.reasoning_layout import ReasoningLayout, TemplateReasoning, data_layout, template_reasoning, user_layout
 from anyfit.data.records import DataError
 from anyfit.data.stopping import turn_ends
@@ -137,7 +137,7 @@ class ChatTemplate:
             if first is None:
                 raise DataError(f"{self.place}: data.system_fallback=fold needs a user message to fold the system "
                                 "prompt into, and this conversation has none.")
-            rest[first] = {**rest[first], "content": f"{system}\n\n{rest[first]['content']}"}
+            rest[first] = {**rest[first], "content": prepend_text(rest[first]["content"], f"{system}\n\n")}
         return rest
 
     def _shown(self, m: Message) -> Message:
@@ -158,7 +158,8 @@ class ChatTemplate:
             if key:
                 m[key] = reasoning
             elif reasoning.strip():
-                m["content"] = self._user_layout("it reads no reasoning key for reasoning_content").around(reasoning.strip()) + m["content"]
+                m["content"] = prepend_text(m["content"], self._user_layout(
+                    "it reads no reasoning key for reasoning_content").around(reasoning.strip()))
         if m["role"] == "tool" and self.traits.tool_role not in (None, "tool"):
             m["role"] = self.traits.tool_role
         if self.traits.parts:  # a tool result's part also names its tool (MiniMax-M1 reads content[i]['name'])
@@ -231,7 +232,7 @@ class ChatTemplate:
             return
         text = self.apply(messages, False)
         for j, m in enumerate(messages):
-            if m["role"] == "tool" and m["content"].strip() not in text:
+            if m["role"] == "tool" and any(part.strip() not in text for part in content_texts(m["content"])):
                 raise DataError(f"{self.place}: message {j} has role 'tool', but the chat template of {self.name} does "
                                 f"not render tool messages (its text is missing from the result; roles tried: "
                                 f"{', '.join(TOOL_ROLES)}). Remove the tool turns, or set data.chat_template to a "

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from anyfit.data.records import DataError, Records
+from anyfit.data.records import DataError, Place, Records, folder_of
 
 _ARROW_FILE_MAGIC = b"ARROW1"  # the IPC file format; the stream format has no magic of its own
 
@@ -57,6 +57,7 @@ def parquet_chunks(path: Path, start: int, stop: int | None, batch_size: int) ->
     import pyarrow as pa
 
     pf = _open_parquet(path)
+    folder = folder_of(path)  # relative image paths in the records are taken from here
     try:
         meta = pf.metadata
         stop = meta.num_rows if stop is None else min(stop, meta.num_rows)
@@ -74,7 +75,8 @@ def parquet_chunks(path: Path, start: int, stop: int | None, batch_size: int) ->
             for batch in pf.iter_batches(batch_size=batch_size, row_groups=groups):
                 lo, hi = max(start - row, 0), min(batch.num_rows, stop - row)
                 if lo < hi:
-                    yield Records(batch.slice(lo, hi - lo).to_pylist(), lambda i, at=row + lo: f"{path} row {at + i}")
+                    yield Records(batch.slice(lo, hi - lo).to_pylist(),
+                                  lambda i, at=row + lo: Place(f"{path} row {at + i}", folder))
                 row += batch.num_rows
                 if row >= stop:
                     return
@@ -150,14 +152,14 @@ def arrow_rows(path: Path) -> int:
 def arrow_chunks(path: Path, start: int, stop: int | None, batch_size: int) -> Iterator[Records]:
     """Rows ``start`` to ``stop`` in chunks of at most ``batch_size``; batches before ``start`` are skipped by
     their row counts, and reading stops at ``stop``."""
-    row = 0
+    row, folder = 0, folder_of(path)
     with _arrow_batches(path) as batches:
         for batch in batches:
             end = row + batch.num_rows
             lo, hi = max(start, row), end if stop is None else min(stop, end)
             for at in range(lo, hi, batch_size):
                 piece = batch.slice(at - row, min(batch_size, hi - at))
-                yield Records(piece.to_pylist(), lambda i, at=at: f"{path} row {at + i}")
+                yield Records(piece.to_pylist(), lambda i, at=at: Place(f"{path} row {at + i}", folder))
             row = end
             if stop is not None and row >= stop:
                 return

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
 from anyfit.config import DataConfig
+from anyfit.data.images import IMAGE_TOKEN, ImageRef, column_images, place_images
 from anyfit.data.messages import (
     ROLES,
     Message,
@@ -55,7 +56,8 @@ CONVERSATION_COLUMNS = ("messages", "conversations")
 # sources) are only counted in the data report.
 CONTENT_FIELDS = frozenset({
     "input", "context", "history", "instruction", "system", "system_prompt", "tools", "functions", "tool_calls",
-    "function_call", "reasoning_content", "reasoning", "thinking", "labels", "images", "image", "audio",
+    "function_call", "reasoning_content", "reasoning", "thinking", "labels", "images", "image", "audio", "videos",
+    "video",
 })
 # Column pairs of well-known public data sets, for the data.fields a refusal suggests (GSM8K, MATH, Alpaca-likes,
 # OpenAssistant-likes, ...), in order of preference.
@@ -72,7 +74,9 @@ class Example:
     ``kind`` says which fields are set: ``messages``; ``prompt`` + ``completion``; ``text``; or ``input_ids``.
     ``system``, ``answer``, ``tools`` and ``input`` are optional extras (a system prompt, a short reference
     answer, the function definitions of a tool-calling conversation, an Alpaca-style input the prompt templates
-    join to the prompt). ``values``: the record's fields a custom ``data.template`` names (``{instruction}``).
+    join to the prompt). ``images``: where the record's images are, in the order of the ``{"type": "image"}``
+    parts of its messages (then of its prompt); a message with images has a list of parts as content, one
+    without keeps its string (``anyfit.data.images``). ``values``: the record's fields a custom ``data.template`` names (``{instruction}``).
     ``index`` is the record's position in the loaded data and ``origin`` where it was read from (``data.jsonl:12``,
     when known), both for error messages; ``unused``: the record's fields and message keys that hold content the
     format does not read (``messages[].id`` for a message key).
@@ -94,6 +98,7 @@ class Example:
     chat_template_kwargs: dict[str, Any] | None = None  # the record's options for the chat template
     values: dict[str, str] = field(default_factory=dict, compare=False)
     unused: tuple[str, ...] = field(default=(), compare=False)
+    images: tuple[ImageRef, ...] = ()
 
     @property
     def place(self) -> str:
@@ -231,8 +236,54 @@ def _to_example(record: Mapping[str, Any], index: int, origin: str | None, fmt: 
         extras["chat_template_kwargs"] = parse_options(record[columns["chat_template_kwargs"]],
                                                        f"{place}: '{columns['chat_template_kwargs']}'")
     example = shape.read(Reading(record, index, fmt, columns, place, extras, cfg.ignore_fields, unused))
+    if example.kind in ("messages", "prompt_completion") and (
+            any(columns.get(name) in record for name in _MEDIA) or _has_parts(example)):
+        example = _with_images(example, record, columns, place, cfg.ignore_fields, getattr(origin, "folder", None))
     _refuse_content(unused, cfg, place, fmt)
     return example if not unused else _with_unused(example, unused)
+
+
+def _with_images(example: Example, record: Mapping[str, Any], columns: Mapping[str, str], place: str,
+                 ignore: Sequence[str], folder: str | None) -> Example:
+    """The example with its images in canonical form (``anyfit.data.images.place_images``): from its image parts
+    and its ``images`` / ``image`` column (``given``: None when the record has no such column); ``folder``: where
+    the record's relative image paths are taken from (the data file's; None: the current directory)."""
+    read = {name: columns[name] for name in ("images", "image", "videos", "video")
+            if name in columns and columns[name] not in ignore and columns[name] in record}
+    for name in ("videos", "video"):
+        if has_content(record.get(read.get(name))):
+            raise DataError(f"{place} has {read[name]!r}: video records are not trained yet; leave them out of the "
+                            f"data, or set data.ignore_fields: [{read[name]}] to train on the text without them.")
+    held = [read[n] for n in ("images", "image") if n in read and has_content(record[read[n]])]
+    if len(held) > 1:
+        raise DataError(f"{place} has images in both {held[0]!r} and {held[1]!r}; give them in one column.")
+    column = held[0] if held else read.get("images", read.get("image"))
+    given = None if column is None else column_images(record[column]) or []
+    if example.kind == "messages":
+        conversation, messages = columns.get("messages", "messages"), example.messages or []
+    else:
+        conversation = columns["prompt"] if "prompt" in columns else columns.get("instruction", "prompt")
+        messages = example.prompt
+        if isinstance(messages, str):
+            if given is None or not (given or IMAGE_TOKEN in messages):
+                return example
+            # The prompt is the user's message, as chat templates are given it (with an Alpaca input joined).
+            text = messages + "\n" + example.input if example.input else messages
+            example, messages = dataclasses.replace(example, input=None), [{"role": "user", "content": text}]
+    if given is None and not any(isinstance(m["content"], list) for m in messages):
+        return example  # text only: the common case
+    out, refs = place_images(messages, given, column or "images", conversation, place, folder)
+    if not refs and out is messages:
+        return example
+    if example.kind == "messages":
+        return dataclasses.replace(example, messages=out, images=refs)
+    return dataclasses.replace(example, prompt=out, images=refs)
+
+
+def _has_parts(example: Example) -> bool:
+    """Whether a message of the example has content parts (an image part: text parts are joined when read)."""
+    messages = example.messages if example.kind == "messages" else example.prompt
+    return isinstance(messages, list) and any(type(m["content"]) is list for m in messages)
 
 
 def _with_unused(example: Example, unused: list[str]) -> Example:
@@ -325,13 +376,14 @@ class Shape:
 
 
 _EXTRAS = ("system", "answer", "tools", "chat_template_kwargs")
+_MEDIA = ("images", "image", "videos", "video")  # read by _with_images
 # Every data shape anyfit reads, in the order auto-detection tries them (messages > prompt_completion > alpaca >
 # text > tokens). A new shape is one row here and its reader; config.schema's data.format takes these names.
 FORMATS: dict[str, Shape] = {
-    "messages": Shape(("messages",), _EXTRAS, _conversation),
-    "prompt_completion": Shape(("prompt", "completion"), ("input", *_EXTRAS), _prompt_completion),
+    "messages": Shape(("messages",), (*_EXTRAS, *_MEDIA), _conversation),
+    "prompt_completion": Shape(("prompt", "completion"), ("input", *_EXTRAS, *_MEDIA), _prompt_completion),
     "alpaca": Shape(("instruction", "output"), ("input", "system", "history", "answer", "tools",
-                                                 "chat_template_kwargs"), _prompt_completion),
+                                                 "chat_template_kwargs", *_MEDIA), _prompt_completion),
     "text": Shape(("text",), (), _text),
     "tokens": Shape(("input_ids",), ("completion_mask",), _tokens),
 }
@@ -376,6 +428,9 @@ def _completion(value: Any, place: str, column: str, ignore: Sequence[str], unus
     # TRL's conversational prompt-completion stores the completion as [{"role": "assistant", ...}].
     if isinstance(value, list) and len(value) == 1:
         (m,), keys = _messages(value, place, column, ignore)
+        if isinstance(m["content"], list):
+            raise DataError(f"{place}: '{column}' holds an image; a completion is text. Give the record as "
+                            "'messages' (the prompt's turns, then the assistant's) to train a turn with an image.")
         if m["role"] == "assistant" and not m.get("tool_calls") and not m.get("reasoning_content"):
             unused += keys
             return m["content"]

@@ -5,7 +5,7 @@ The shapes found on the hub, all read without a mapping:
 - OpenAI / TRL: ``{"role", "content"}``; an assistant turn may call tools, ``"tool_calls": [{"type": "function",
   "function": {"name", "arguments"}}]`` (the flat ``{"name", "arguments"}`` too, and the legacy ``function_call``),
   with ``content`` missing, null or empty; ``tool`` turns carry ``tool_call_id`` / ``name``; content may be a list
-  of text parts;
+  of text parts, and of image parts (``anyfit.data.images``: such content stays a list of parts);
 - reasoning: ``reasoning_content`` (Qwen3, DeepSeek), ``thinking`` (gpt-oss) or ``reasoning`` on assistant turns;
 - ShareGPT: ``{"from", "value"}`` with human/gpt/system, and the tool spellings of LLaMA-Factory and Glaive:
   ``function_call`` (a JSON ``{"name", "arguments"}``: an assistant tool call) and ``observation`` (a tool result).
@@ -42,6 +42,9 @@ LOSS_FLAGS = ("loss", "train")
 # Message keys read here (besides the reasoning keys); the rest are reported as unused when they hold content.
 _READ = {"role", "content", "from", "value", "tool_calls", "function_call", "name", "tool_call_id", "weight",
          *LOSS_FLAGS, *REASONING_KEYS}
+# Content parts that hold an image (transformers' and OpenAI's) and a video; anyfit.data.images reads the first.
+IMAGE_PARTS = ("image", "image_url")
+VIDEO_PARTS = ("video", "video_url")
 # A reasoning trace written inline at the start of an answer (DeepSeek-R1's and Qwen3's distilled traces).
 _INLINE_THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
 
@@ -179,18 +182,49 @@ def _json(value: Any, where: str) -> Any:
         raise DataError(f"{where} is not valid JSON ({e}): {short(value)}.") from None
 
 
-def _content(value: Any, where: str, empty_ok: bool) -> str:
-    """Message content as text: a string; a list of text parts joined (OpenAI's multi-part form); '' for a tool
-    call's missing or null content."""
+def _content(value: Any, where: str, empty_ok: bool) -> str | list[dict[str, Any]]:
+    """Message content: a string; a list of text parts joined (OpenAI's multi-part form); '' for a tool call's
+    missing or null content. A list with image parts stays a list: its text parts (adjacent ones joined) and its
+    image parts as written, whose payloads ``anyfit.data.images.place_images`` takes out."""
     if value is None and empty_ok:
         return ""
     if isinstance(value, list):
-        parts = [p.get("text") if isinstance(p, Mapping) and p.get("type", "text") == "text" else None for p in value]
-        if any(not isinstance(p, str) for p in parts):
-            raise DataError(f"{where} holds non-text parts ({short(value)}); anyfit trains text models: keep the "
-                            "text parts only.")
-        return "".join(parts)
+        parts: list[dict[str, Any]] = []
+        for p in value:
+            kind = p.get("type", "text") if isinstance(p, Mapping) else None
+            if kind == "text" and isinstance(p.get("text"), str):
+                if parts and parts[-1]["type"] == "text":
+                    parts[-1] = {"type": "text", "text": parts[-1]["text"] + p["text"]}
+                else:
+                    parts.append({"type": "text", "text": p["text"]})
+            elif kind in IMAGE_PARTS:
+                parts.append(dict(p))
+            elif kind in VIDEO_PARTS:
+                raise DataError(f"{where} holds a {kind!r} part: video records are not trained yet; leave the video "
+                                "records out of the data (or give the frames as images).")
+            else:
+                raise DataError(f"{where} holds non-text parts ({short(value)}); anyfit reads text and image parts "
+                                f"({', '.join(IMAGE_PARTS)}): keep those only.")
+        if all(p["type"] == "text" for p in parts):
+            return "".join(p["text"] for p in parts)
+        return parts
     return text(value, where, numbers=False)
+
+
+def prepend_text(content: str | list[dict[str, Any]], prefix: str) -> str | list[dict[str, Any]]:
+    """``prefix`` written before the content, string or parts (joined to a leading text part)."""
+    if isinstance(content, str):
+        return prefix + content
+    if content and content[0].get("type") == "text":
+        return [{**content[0], "text": prefix + content[0]["text"]}, *content[1:]]
+    return [{"type": "text", "text": prefix}, *content]
+
+
+def content_texts(content: Any) -> list[str]:
+    """The texts of message content: the string, or its text parts."""
+    if isinstance(content, list):
+        return [p["text"] for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+    return [content] if isinstance(content, str) else []
 
 
 def text(value: Any, where: str, expected: str = "a string", numbers: bool = True) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 from anyfit.data.columnar import arrow_chunks, arrow_rows, parquet_chunks, parquet_rows
 from anyfit.data.files import READABLE, compression_of, file_format, is_readable, open_bytes, reencode
-from anyfit.data.records import DataError, Records, concat
+from anyfit.data.records import DataError, Place, Records, concat, folder_of
 
 __all__ = ["DataError", "Records", "concat", "READABLE", "is_readable", "check_readable", "read_file", "count_rows"]
 
@@ -172,7 +172,7 @@ def _blank(line: bytes) -> bool:
 
 
 def _open_jsonl(path: Path) -> _Entries:
-    lines = _lines(path, blank=False)
+    lines, folder = _lines(path, blank=False), folder_of(path)  # relative image paths are taken from the folder
     first = next(lines, None)
     if first is not None and _decode(path, *first).lstrip().startswith("["):
         whole = _parse_json_array(_read_text(path))  # a JSON array saved as .jsonl: `datasets` reads it too
@@ -180,7 +180,7 @@ def _open_jsonl(path: Path) -> _Entries:
             lines.close()
             return _array_entries(path, whole)
     return _Entries(_prepend(first, lines), lambda lineno, raw: _parse_line(path, lineno, raw),
-                    lambda lineno: f"{path}:{lineno}")
+                    lambda lineno: Place(f"{path}:{lineno}", folder))
 
 
 def _prepend(first: Any, rest: Iterator) -> Iterator:
@@ -260,7 +260,8 @@ def _open_json(path: Path) -> _Entries:
                             f'such as {{"data": [...]}}; found several, under keys {sorted(lists)}: keep one, or '
                             "give each its own file.")
         if not lists:
-            return _Entries(iter([(0, data)]), lambda i, record: record, lambda i: str(path))
+            return _Entries(iter([(0, data)]), lambda i, record: record,
+                            lambda i: Place(str(path), folder_of(path)))
         key, data = lists[0], data[lists[0]]
     if not isinstance(data, list):
         raise DataError(f"{path}: expected a list of records or an object, got {type(data).__name__}.")
@@ -277,6 +278,7 @@ def _records_list(items: list, alone: bool) -> bool:
 
 def _array_entries(path: Path, data: list, key: str | None = None) -> _Entries:
     where = f"{path} '{key}' record" if key else f"{path} record"
+    folder = folder_of(path)
 
     def parse(i: int, record: Any) -> dict:
         if not isinstance(record, dict):
@@ -284,7 +286,7 @@ def _array_entries(path: Path, data: list, key: str | None = None) -> _Entries:
                             f"{_snippet(json.dumps(record))}")
         return record
 
-    return _Entries(iter(enumerate(data)), parse, lambda i: f"{where} {i}")
+    return _Entries(iter(enumerate(data)), parse, lambda i: Place(f"{where} {i}", folder))
 
 
 # ---------------------------------------------------------------------------------------------- CSV
@@ -294,7 +296,7 @@ def _open_csv(path: Path) -> _Entries:
     """The header row names the fields; every later row is a record of strings (an empty cell is None, as
     `datasets` reads it). A row of another length than the header is an error naming its line."""
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
-    rows = _csv_rows(path)
+    rows, folder = _csv_rows(path), folder_of(path)
     first = next(rows, None)
     if first is None:
         return _Entries(iter(()), lambda line, row: {}, lambda line: f"{path}:{line}")
@@ -311,7 +313,7 @@ def _open_csv(path: Path) -> _Entries:
                             f"{len(header)}: {_snippet(','.join(row))}. Quote cells that hold a comma (\"a, b\").")
         return {name: value if value != "" else None for name, value in zip(header, row)}
 
-    return _Entries(rows, parse, lambda line: f"{path}:{line}")
+    return _Entries(rows, parse, lambda line: Place(f"{path}:{line}", folder))
 
 
 def _csv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:

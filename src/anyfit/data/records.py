@@ -4,12 +4,35 @@
 from __future__ import annotations
 
 import bisect
+import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
 
 class DataError(ValueError):
     """A problem with the training data; the message says where and what to change."""
+
+
+class Place(str):
+    """A record's place as error messages name it (``data.jsonl:12``) that also knows the folder of the record's
+    file (``folder``; None for hub data): a record's relative image paths are taken from there
+    (``anyfit.data.images``). A plain str to everything else; pickled with its folder, so places handed to the
+    token store's worker processes keep it."""
+
+    folder: str | None
+
+    def __new__(cls, text: str, folder: str | None) -> Place:
+        place = super().__new__(cls, text)
+        place.folder = folder
+        return place
+
+    def __reduce__(self):
+        return Place, (str(self), self.folder)
+
+
+def folder_of(path) -> str:
+    """The absolute folder of a data file, for its records' ``Place``."""
+    return os.path.dirname(os.path.abspath(path))
 
 
 class Records(list):

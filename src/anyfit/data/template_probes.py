@@ -45,9 +45,10 @@ def traits(tokenizer: PreTrainedTokenizerBase, source: str, kwargs: dict[str, An
 
 
 def as_parts(content: Any, name: str | None = None) -> list[dict[str, str]]:
-    """String content as one text part (OpenAI's multi-part form), with ``name`` when given."""
+    """String content as one text part (OpenAI's multi-part form), with ``name`` when given; content that is a list
+    of parts already (text and image parts, ``anyfit.data.images``) as it is, its text parts given ``name``."""
     if isinstance(content, list):
-        return content
+        return [{**p, "name": name} if name and p.get("type") == "text" else p for p in content]
     return [{"type": "text", "text": content or "", **({"name": name} if name else {})}]
 
 

@@ -141,7 +141,7 @@ def test_unknown_role_names_record_role_and_the_accepted_roles():
     ([{"role": "user"}], "message 0 of 'messages' has no 'content'"),
     ([{"role": "user", "content": 5}], "message 0 of 'messages': 'content' must be a string, got 5"),
     ([{"role": "user", "content": None}], "message 0 of 'messages': 'content' is null"),
-    ([{"role": "user", "content": [{"type": "image_url", "image_url": "x.png"}]}],
+    ([{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}]}],
      "message 0 of 'messages': 'content' holds non-text parts"),
     ([{"role": 1, "content": "hi"}], "message 0 of 'messages' has role 1"),
 ])
