@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from anyfit.cache import cache_root
 from anyfit.data.messages import Message, short
 from anyfit.data.records import DataError
 
@@ -79,8 +80,6 @@ class ImageRef:
             except OSError as e:
                 raise DataError(f"{self.path}: cannot read the image ({e.strerror or e}).") from None
         if cache_dir is None:
-            from anyfit.cache import cache_root
-
             cache_dir = cache_root() / "images"
         cached = Path(cache_dir) / hashlib.sha256(self.url.encode()).hexdigest()
         if not cached.is_file():
