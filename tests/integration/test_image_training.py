@@ -1,0 +1,104 @@
+"""Training on image records end to end: a JSON Lines file in TRL's shape (image parts in ``messages``, relative paths
+in ``images``), tiny vision-language models with their real processors (``tests/vlm_fixtures``). The run reads the
+images, trains the language model, keeps the vision tower bit for bit, saves the processor with the model, resumes
+exactly, and the export reloads in transformers (``AutoModelForImageTextToText`` + ``AutoProcessor``) with the same
+logits on an image prompt."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from tiny_runs import config_for
+from vlm_fixtures import built_vlm, make_image, missing_for
+
+from anyfit.export.folder import export
+from anyfit.training.loop import train
+
+ANSWERS = ("red", "green", "blue", "white")
+
+
+def write_image_data(folder: Path, n: int = 8) -> Path:
+    """``n`` records, each a question about one generated image (its file in ``images/``, named relative to the data
+    file) and a one-word answer; every other record has a second image in a later turn."""
+    (folder / "images").mkdir(parents=True, exist_ok=True)
+    lines = []
+    for i in range(n):
+        make_image(48 + 8 * (i % 3), 40, seed=i).save(folder / "images" / f"{i}.png")
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Which colour?"}]},
+                    {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[i % 4]}]}]
+        images = [f"images/{i}.png"]
+        if i % 2:
+            make_image(40, 56, seed=100 + i).save(folder / "images" / f"{i}b.png")
+            messages += [{"role": "user", "content": [{"type": "text", "text": "And this one?"}, {"type": "image"}]},
+                         {"role": "assistant", "content": [{"type": "text", "text": ANSWERS[(i + 1) % 4]}]}]
+            images.append(f"images/{i}b.png")
+        lines.append(json.dumps({"messages": messages, "images": images}))
+    path = folder / "data.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _model(family: str) -> Path:
+    if why := missing_for(family):
+        pytest.skip(why)
+    return built_vlm(family)
+
+
+def _tensors(folder: Path) -> dict[str, torch.Tensor]:
+    return {k: v for f in sorted(folder.glob("model*.safetensors")) for k, v in load_file(f).items()}
+
+
+def _run(model: Path, data: Path, out: Path, *extra: str, echo=lambda *a: None):
+    cfg = config_for(model, data, out, "data.template=chat", "train.max_steps=3", "train.effective_batch=4",
+                     "train.micro_batch=2", "train.learning_rate=1e-2", *extra)
+    return train(cfg, echo=echo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ("qwen3_5", "gemma3"))
+def test_a_run_on_image_records_trains_the_language_model_and_keeps_the_tower(family, tmp_path):
+    model = _model(family)
+    data = write_image_data(tmp_path / "data")
+    lines: list[str] = []
+    result = _run(model, data, tmp_path / "run", echo=lambda *a: lines.append(" ".join(map(str, a))))
+    said = "\n".join(lines)
+    assert "images" in said and "image tokens (never trained on)" in said, said
+    assert "packing: off" in said  # image records train in padded rows (Qwen3.5: its linear attention says so first)
+    out = tmp_path / "run"
+    assert (out / "processor_config.json").is_file()  # the model's processor, saved with it
+    before, after = _tensors(model), _tensors(out)
+    assert sorted(before) == sorted(after)
+    changed = {k for k in before if not torch.equal(before[k], after[k])}
+    tower = [k for k in before if "vision" in k or "visual" in k]
+    assert tower and not changed & set(tower), sorted(changed & set(tower))[:3]
+    assert changed, "nothing trained"
+
+    from PIL import Image
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    exported = export(out, tmp_path / "export", echo=lambda *a: None).out
+    processor = AutoProcessor.from_pretrained(exported)
+    reloaded = AutoModelForImageTextToText.from_pretrained(exported, dtype=torch.float32).eval()
+    prompt = [{"role": "user", "content": [{"type": "image", "image": Image.open(data.parent / "images" / "0.png")},
+                                           {"type": "text", "text": "Which colour?"}]}]
+    inputs = processor.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                           return_tensors="pt")
+    trained = result.model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**inputs).logits, trained(**inputs).logits, rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.multirun
+def test_a_resumed_image_run_ends_where_the_straight_run_ends(tmp_path):
+    model = _model("qwen3_5")
+    data = write_image_data(tmp_path / "data")
+    _run(model, data, tmp_path / "straight", "train.max_steps=4", "train.save_every=2")
+    _run(model, data, tmp_path / "resumed", "train.max_steps=4",
+         f"train.resume={tmp_path / 'straight' / 'checkpoint-2'}")
+    straight, resumed = _tensors(tmp_path / "straight"), _tensors(tmp_path / "resumed")
+    assert all(torch.equal(straight[k], resumed[k]) for k in straight)
