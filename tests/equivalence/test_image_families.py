@@ -60,6 +60,7 @@ def test_ids_tensors_and_loss_are_the_processors_and_the_models_own(family, tmp_
     example = Example(kind="messages", messages=QUESTION, images=refs)
     (result,) = tokenize_each([example], tokenizer, DataConfig(path="unused"), images)
     (fate, ids, labels, _), vision = result.parts[0], result.vision[0]
+    assert fate.kept
     reference = _reference(images, QUESTION, refs)
     expected = reference["input_ids"][0].tolist()
     # the template's text after the answer (a newline after the end of turn) is not trained, so not kept; where the
