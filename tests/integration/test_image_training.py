@@ -102,3 +102,34 @@ def test_a_resumed_image_run_ends_where_the_straight_run_ends(tmp_path):
          f"train.resume={tmp_path / 'straight' / 'checkpoint-2'}")
     straight, resumed = _tensors(tmp_path / "straight"), _tensors(tmp_path / "resumed")
     assert all(torch.equal(straight[k], resumed[k]) for k in straight)
+
+
+def test_image_records_for_a_text_only_model_are_refused_in_one_line(tiny_llama_dir, tmp_path):
+    from anyfit.data.sources import DataError
+
+    data = write_image_data(tmp_path / "data", n=4)
+    with pytest.raises(DataError, match=r"Record 0 \(.*data.jsonl:1\) holds 1 image\(s\), but .* is a text-only "
+                                        r"model .*vision-language checkpoint") as e:
+        _run(tiny_llama_dir, data, tmp_path / "run")
+    assert "\n" not in str(e.value)
+
+
+def test_an_image_changed_since_the_store_was_built_is_refused(tmp_path):
+    from anyfit.data.sources import DataError
+
+    model = _model("gemma3")
+    data = write_image_data(tmp_path / "data", n=4)
+    _run(model, data, tmp_path / "first", "train.max_steps=1")
+    make_image(48, 40, seed=99).save(tmp_path / "data" / "images" / "0.png")  # same size, other pixels
+    with pytest.raises(DataError, match=r"images/0.png changed since the token store was built") as e:
+        _run(model, data, tmp_path / "second", "train.max_steps=1")
+    assert "\n" not in str(e.value)
+
+
+def test_a_cut_through_an_image_drops_the_example_and_says_so(tmp_path):
+    model = _model("gemma3")
+    data = write_image_data(tmp_path / "data", n=8)
+    lines: list[str] = []
+    # Gemma-3's tiny processor gives 4 soft tokens an image: 12 tokens keep no whole image and its answer
+    with pytest.raises(Exception, match="longer than data.max_length=12"):
+        _run(model, data, tmp_path / "run", "data.max_length=12", echo=lambda *a: lines.append(" ".join(map(str, a))))

@@ -196,6 +196,8 @@ def tokenize_each(examples: Sequence[Example], tokenizer: PreTrainedTokenizerBas
         # Rendering (chat templates, one example at a time) is the slow part on large sets: a bar from 5k examples.
         for i, example in enumerate(tqdm(examples, desc="render", unit="example", leave=False,
                                          disable=len(examples) < 5000)):
+            if example.images:  # before the template: a text-only model's template fails on image parts
+                (images or ImageTokens()).check(example)
             try:
                 parts = render(example, tokenizer, cfg)
             except MissingAnswer:
