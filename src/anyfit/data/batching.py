@@ -189,7 +189,8 @@ class WindowSampler:
         return micro_batches, int(self.trainable[window].sum())
 
 
-def collate(examples: list[dict], pad_id: int, packed: bool = False, images=None) -> dict[str, torch.Tensor]:
+def collate(examples: list[dict], pad_id: int, packed: bool = False, images=None,
+            positions: bool = True) -> dict[str, torch.Tensor]:
     """Tensors for one micro-batch; every example's labels are shifted here to next-token targets.
 
     - padded (``packed=False``): rows right-padded to the longest example, with an ``attention_mask``;
@@ -239,11 +240,14 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False, images=None
     >>> collate(mixed, pad_id=0)["keep_source"].tolist()
     [0, 0, 0, 0, 1, 1, 1]
 
-    Image examples (a ``vision`` entry: ``anyfit.data.image_tokens``) are padded rows; ``images``
-    (``anyfit.data.image_batches.ImageBatches``) adds their processed images under ``image_inputs``.
+    Image examples (a ``vision`` entry: ``anyfit.data.image_tokens``) need ``images``
+    (``anyfit.data.image_batches.ImageBatches``), which adds their processed images under ``image_inputs``. A packed
+    row without ``positions`` leaves the positions to the model (Qwen's M-RoPE computes its 3-D positions from the
+    images; the packing self-test decides which layout gives what one example at a time gives).
     """
-    if any("vision" in ex for ex in examples) and (packed or images is None):
-        raise ValueError("image examples are collated as padded rows, with the model's processor (images=...)")
+    vision = any("vision" in ex for ex in examples)
+    if vision and images is None:
+        raise ValueError("image examples are collated with the model's processor (images=...)")
     targets = [ex["labels"][1:] + [IGNORE_INDEX] for ex in examples]
     sources = examples[0].get("sources", 1)
     if packed:
@@ -252,12 +256,14 @@ def collate(examples: list[dict], pad_id: int, packed: bool = False, images=None
         keep = [i for i, t in enumerate(flat) if t != IGNORE_INDEX]
         lengths = [len(ex["input_ids"]) for ex in examples]
         batch = {"input_ids": torch.tensor([ids]),
-                 "position_ids": torch.tensor([[p for n in lengths for p in range(n)]]),
+                 **({"position_ids": torch.tensor([[p for n in lengths for p in range(n)]])} if positions else {}),
                  # example boundaries for attention.packed_attention: host ints and their cumulative sums
                  "packed_lengths": tuple(lengths),
                  "cu_seq_lens": torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
                  "keep": torch.tensor(keep, dtype=torch.long),
                  "keep_targets": torch.tensor([flat[i] for i in keep], dtype=torch.long)}
+        if vision:
+            batch["image_inputs"] = images.packed(examples)
         return _with_sources(batch, examples, targets, sources) if sources > 1 else batch
     batch = _padded(examples, targets, pad_id, images)
     return _with_sources(batch, examples, targets, sources) if sources > 1 else batch

@@ -38,6 +38,41 @@ class ImageBatches:
 
     def __call__(self, examples: list[dict], width: int) -> dict[str, torch.Tensor]:
         """The image inputs of a padded micro-batch of ``examples`` (``width`` tokens per row)."""
+        rows, out, valid = self._processed(examples)
+        inputs: dict[str, Any] = {}
+        for key, value in out.items():
+            if key in _TEXT_KEYS:
+                continue
+            if isinstance(value, torch.Tensor) and value.shape[:2] == out["input_ids"].shape:  # per token
+                laid = torch.zeros((len(examples), width), dtype=value.dtype)
+                for k, r in enumerate(rows):
+                    laid[r, :len(examples[r]["input_ids"])] = _own(value[k][valid[k]], len(examples[r]["input_ids"]))
+                inputs[key] = laid
+            else:
+                inputs[key] = value
+        return inputs
+
+    def packed(self, examples: list[dict]) -> dict[str, torch.Tensor]:
+        """The image inputs of ``examples`` packed into one row, in order: the images as the processor batches
+        them (every family's forward places an image's features at its tokens in order), each per-token output laid
+        along the row (text examples: zeros)."""
+        rows, out, valid = self._processed(examples)
+        inputs: dict[str, Any] = {}
+        for key, value in out.items():
+            if key in _TEXT_KEYS:
+                continue
+            if isinstance(value, torch.Tensor) and value.shape[:2] == out["input_ids"].shape:  # per token
+                own = dict(zip(rows, (value[k][valid[k]] for k in range(len(rows)))))
+                inputs[key] = torch.cat([_own(own[r], len(ex["input_ids"])) if r in own else
+                                         torch.zeros(len(ex["input_ids"]), dtype=value.dtype)
+                                         for r, ex in enumerate(examples)])[None]
+            else:
+                inputs[key] = value
+        return inputs
+
+    def _processed(self, examples: list[dict]) -> tuple[list[int], dict, torch.Tensor]:
+        """(the rows with images, the processor's output on them, its valid positions), its ids checked against
+        the store's."""
         rows = [r for r, ex in enumerate(examples) if "vision" in ex]
         texts = [examples[r]["vision"]["text"] for r in rows]
         pictures = [[_decoded(ref, digest) for ref, digest in
@@ -45,7 +80,6 @@ class ImageBatches:
         kwargs = self.images.text_kwargs(texts[0])
         out = self.images.processor(text=texts, images=pictures, padding=True, return_tensors="pt", **kwargs)
         valid = out["attention_mask"].bool() if "attention_mask" in out else torch.ones_like(out["input_ids"]).bool()
-        inputs: dict[str, Any] = {}
         for k, r in enumerate(rows):
             ids = out["input_ids"][k][valid[k]].tolist()
             stored = examples[r]["input_ids"]
@@ -55,20 +89,14 @@ class ImageBatches:
                                 f"({examples[r]['vision']['images'][0].describe()}, ...): an image changed since the "
                                 "store was built, or this processor's image tokens depend on more than the image's "
                                 "size. Run `anyfit prepare` again (a changed image file), or report the model.")
-        for key, value in out.items():
-            if key in _TEXT_KEYS:
-                continue
-            if isinstance(value, torch.Tensor) and value.shape[:2] == out["input_ids"].shape:  # per token
-                laid = torch.zeros((len(examples), width), dtype=value.dtype)
-                for k, r in enumerate(rows):
-                    own = value[k][valid[k]]
-                    n = min(len(own), len(examples[r]["input_ids"]))
-                    laid[r, :n] = own[:n]
-                    laid[r, n:len(examples[r]["input_ids"])] = own[n - 1]  # the tokens appended after the text
-                inputs[key] = laid
-            else:
-                inputs[key] = value
-        return inputs
+        return rows, out, valid
+
+
+def _own(values: torch.Tensor, length: int) -> torch.Tensor:
+    """A per-token output of the processor for one example, cut or extended to the store's ``length`` (the tokens
+    the text pipeline appends after the text take the value of the text's last token: text)."""
+    n = min(len(values), length)
+    return torch.cat([values[:n], values[n - 1:n].expand(length - n)])
 
 
 def _decoded(ref: ImageRef, digest: str):

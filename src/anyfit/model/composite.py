@@ -159,3 +159,14 @@ def frozen_parameter_count(config) -> int:
         return 0
     language = language_parameters(model)
     return sum(p.numel() for p in model.parameters() if id(p) not in language)
+
+
+def language_attention(config, name: str) -> str | dict:
+    """The ``attn_implementation`` that gives ``name`` to the language model of ``config`` alone: a composite's vision
+    and audio towers keep their own. Packed rows' example boundaries (``anyfit_varlen``'s ``packed_lengths``) are the
+    text row's, and some composites hand the forward's keyword arguments on to their tower, which would then split
+    its own patch sequence by them (SigLIP and CLIP towers computed garbage under it)."""
+    if not is_composite(config):
+        return name
+    text = config.get_text_config()
+    return {"": name, **{key: name for key in config.sub_configs if getattr(config, key, None) is text}}

@@ -18,7 +18,13 @@ from torch import nn
 from anyfit.config import Config, ConfigError, LoraConfig
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
 from anyfit.model.attention import register as register_varlen_attention
-from anyfit.model.composite import freeze_all_but_language, language_modules, lora_scope, model_class
+from anyfit.model.composite import (
+    freeze_all_but_language,
+    language_attention,
+    language_modules,
+    lora_scope,
+    model_class,
+)
 from anyfit.model.gguf_cache import drop_gguf_quantizer
 from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, moe_blocks, restore_dropout
 from anyfit.model.savers import install_savers
@@ -102,6 +108,8 @@ def _instantiate(src: ModelSource, kwargs: dict, empty: bool) -> nn.Module:
     common = {k: kwargs[k] for k in ("trust_remote_code", "revision", "gguf_file") if k in kwargs}
     config = AutoConfig.from_pretrained(src.path, **common)
     auto = model_class(config, src.path, bool(kwargs.get("trust_remote_code")))
+    if "attn_implementation" in kwargs:  # a composite's towers keep their own attention
+        kwargs = {**kwargs, "attn_implementation": language_attention(config, kwargs["attn_implementation"])}
     if not empty:
         return auto.from_pretrained(src.path, **kwargs)
     from accelerate import init_empty_weights

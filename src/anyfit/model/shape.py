@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, replace
 
 from anyfit.config import ConfigError, ModelConfig
-from anyfit.model.composite import frozen_parameter_count, is_composite
+from anyfit.model.composite import frozen_parameter_count, is_composite, language_modules, language_parameters, model_class
 from anyfit.model.moe import moe_blocks
 from anyfit.model.packing import stateful_kinds
 from anyfit.model.source import ModelSource
@@ -279,7 +279,8 @@ def shape_from_config(config) -> ModelShape:
     elif model_type == "gpt2":
         shape = _gpt2_shape(text)
     else:
-        shape = _meta_shape(text if is_composite(config) else config, text, model_type, tied)
+        shape = _meta_shape(text if is_composite(config) else config, text, model_type, tied,
+                            config if is_composite(config) else None)
     # a composite (vision-language) checkpoint: its language model is planned, the rest is loaded and frozen
     shape = replace(shape, stateful=stateful_kinds(config))
     return replace(shape, frozen_params=frozen_parameter_count(config)) if is_composite(config) else shape
@@ -322,8 +323,10 @@ def _gpt2_shape(c) -> ModelShape:
                       gated_mlp=False)
 
 
-def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
-    """Count an architecture without a formula by building it on the meta device (no memory is allocated)."""
+def _meta_shape(config, text, model_type: str, tied: bool, whole=None) -> ModelShape:
+    """Count an architecture without a formula by building it on the meta device (no memory is allocated); a
+    composite's language model whose text config no causal-LM class takes (Qwen2.5-VL's) is counted inside the
+    composite built whole (``whole``: its config)."""
     import torch
     from torch import nn
     from transformers import AutoModelForCausalLM
@@ -332,10 +335,14 @@ def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
     try:
         with torch.device("meta"):
             model = AutoModelForCausalLM.from_config(config)
-    except Exception as e:  # any failure means: no shape for this architecture
-        raise ConfigError(f"anyfit plan has no formula for model_type {model_type!r} and could not build it on the "
-                          f"meta device ({type(e).__name__}: {e}).") from e
-    params = sum(p.numel() for p in model.parameters())
+        modules, params = list(model.named_modules()), sum(p.numel() for p in model.parameters())
+    except Exception as e:  # any failure means: no shape for this architecture, unless the composite builds
+        if whole is None:
+            raise ConfigError(f"anyfit plan has no formula for model_type {model_type!r} and could not build it on "
+                              f"the meta device ({type(e).__name__}: {e}).") from e
+        with torch.device("meta"):
+            model = model_class(whole).from_config(whole)
+        modules, params = list(language_modules(model)), sum(p.numel() for p in _language_parameters(model))
     emb = model.get_input_embeddings()
     head = model.get_output_embeddings()
     embeddings = sum(p.numel() for p in emb.parameters())
@@ -343,7 +350,7 @@ def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
     blocks = moe_blocks(model)
     gates = {gate for block in blocks for gate in block.gates}  # routers: never LoRA targets (anyfit.model.moe)
     shapes: dict[tuple[str, int, int], int] = {}
-    for name, module in model.named_modules():
+    for name, module in modules:
         if module is head or name in gates:
             continue
         if isinstance(module, nn.Linear):
@@ -371,6 +378,12 @@ def _meta_shape(config, text, model_type: str, tied: bool) -> ModelShape:
                       experts_per_token=blocks[0].top_k if blocks else 0,
                       router_params=sum(module.weight.numel() for name, module in model.named_modules()
                                         if name in gates and getattr(module, "weight", None) is not None))
+
+
+def _language_parameters(model) -> list:
+    """The parameters of a composite's language model (``composite.language_parameters``), each once."""
+    ids = language_parameters(model)
+    return [p for p in model.parameters() if id(p) in ids]
 
 
 def _largest(text, name: str):

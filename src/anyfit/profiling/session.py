@@ -157,7 +157,7 @@ class StepProfiler:
         sampler = run.sampler
         steps = range(self.window.first, self.window.first + self.window.steps)
         windows = window_examples(sampler, steps)
-        shape = shape_from_config(run.bare.config.get_text_config())
+        shape = shape_from_config(run.bare.config)
         facts, planned = gather_facts(run.cfg, run.policy, sampler.plan, shape, windows, self.measured, run.sharded)
         packing, micro = run.cfg.train.packing, sampler.plan.micro_batch
         p = Profile(step=mean.wall, phases=mean.phases, micro_seconds=mean.micro,

@@ -84,12 +84,13 @@ def start_up_checks(parts: Parts, examples) -> tuple[PackingVerdict | None, Infe
     (``parts.collate``), then the training forward, laid out so, is checked against generate's cached decoding."""
     cfg, policy, acc, pad_id = parts.cfg, parts.policy, parts.accelerator, parts.tokenizer.pad_token_id
     packing = None
+    images = ImageBatches(parts.images) if getattr(parts.images, "processor", None) else None  # the batch workers'
     if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
         packing = choose_packing(parts.model, examples, pad_id, cfg.data.max_length, acc.device, policy.compute_dtype,
-                                 acc.autocast, check=cfg.train.packing_check)
+                                 acc.autocast, check=cfg.train.packing_check, images=images)
         parts.say(f"[anyfit] {packing.line}")
-    parts.collate = functools.partial(collate, pad_id=pad_id, packed=bool(packing and packing.packed),
-                                      images=ImageBatches(parts.images) if getattr(parts.images, "processor", None) else None)
+    parts.collate = functools.partial(collate, pad_id=pad_id, packed=bool(packing and packing.packed), images=images,
+                                      positions=packing.positions if packing else True)
     inference = check_inference(parts.model, examples=examples, collate=parts.collate, pad_id=pad_id,
                                 device=acc.device, compute_dtype=policy.compute_dtype, autocast=acc.autocast,
                                 mode=cfg.train.inference_check)  # training.inference_check
@@ -164,7 +165,7 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run
         say(f"[anyfit] sequence parallel: each sequence split over {split.degree} processes (DeepSpeed Ulysses), "
             f"{split.data_size} data-parallel group(s)")
     parts.model.train()
-    flops = ModelFlops.of(shape_from_config(loaded.model.config.get_text_config()),
+    flops = ModelFlops.of(shape_from_config(loaded.model.config),
                           loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0,
                           adapter_in_experts(loaded.model))  # LoRA on fused MoE experts (ModelShape.lora_flops)
     peak = device_peak(policy.device, policy.precision)

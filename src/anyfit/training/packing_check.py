@@ -23,6 +23,7 @@ from torch import nn
 
 from anyfit.data.batching import collate, to_device
 from anyfit.model.attention import NotExactPacked, kernels_used
+from anyfit.model.composite import language_attention
 from anyfit.model.packing import smallest_window, stateful_layers
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
@@ -44,6 +45,7 @@ class PackingVerdict:
     line: str  # the one line printed
     error: float | None = None  # the self-test's relative difference (packed against alone), if run
     tolerance: float | None = None
+    positions: bool = True  # packed rows carry position ids (False: the model computes them, e.g. Qwen's M-RoPE)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -58,10 +60,11 @@ def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
     max_length = min(max_length, max(PROBE_TOKENS, (window or 0) + max(16, (window or 0) // 4) + int(lengths.min())))
     order = [int(i) for i in np.argsort(-lengths, kind="stable")]
     probes: list[dict] = []
-    if window is not None and window + 2 <= max_length:
+    text = [i for i in order[:PROBE_EXAMPLES * 4] if "vision" not in examples[i]]  # image tokens need their images
+    if window is not None and window + 2 <= max_length and text:
         ids: list[int] = []
         while len(ids) < window + 2:
-            ids += [t for i in order[:PROBE_EXAMPLES] for t in examples[i]["input_ids"]]
+            ids += [t for i in text[:PROBE_EXAMPLES] for t in examples[i]["input_ids"]]
         ids = ids[:min(max_length - int(lengths.min()), window + max(16, window // 4))]
         if len(ids) > window:
             probes.append({"input_ids": ids, "labels": list(ids)})
@@ -75,7 +78,7 @@ def probe_examples(examples, window: int | None, max_length: int) -> list[dict]:
             probes.append(examples[i])
             room -= int(lengths[i])
     last = examples[shortest]
-    if room < 0:  # even the shortest example would not fit: its first tokens still make a boundary to look across
+    if room < 0 and "vision" not in last:  # even the shortest does not fit: its first tokens still make a boundary
         keep = max(8, int(lengths[shortest]) + room)
         last = {"input_ids": list(last["input_ids"])[:keep], "labels": list(last["labels"])[:keep]}
     probes.append(last)
@@ -117,16 +120,17 @@ def _positions(length: int) -> list[int]:
 
 def _logits(model: nn.Module, batch: dict, keep: list[int], device) -> torch.Tensor:
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
-              if k in batch}
+              if k in batch} | batch.get("image_inputs", {})
     inputs = to_device(inputs, device)
     kept = torch.tensor(keep, dtype=torch.long, device=device)
     return model(**inputs, logits_to_keep=kept, use_cache=False).logits[0].float()
 
 
-def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, autocast) -> tuple[float, list[str]]:
+def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, autocast, images=None,
+                   positions: bool = True) -> tuple[float, list[str]]:
     """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each), and the
     kernels ``anyfit_varlen`` ran them on; alone runs through transformers' own attention, packed through the
-    model's current one."""
+    model's current one (``images``, ``positions``: as ``collate`` takes them)."""
     inner = transformers_model(model)
     current = inner.config._attn_implementation
     starts = np.cumsum([0] + [len(p["input_ids"]) for p in probes])
@@ -135,12 +139,13 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     model.eval()
     try:
         with torch.no_grad(), autocast(), kernels_used() as kernels:
-            together = _logits(model, collate(probes, pad_id, packed=True),
+            together = _logits(model, collate(probes, pad_id, packed=True, images=images, positions=positions),
                                [int(start) + i for start, keep in zip(starts, kept) for i in keep], device)
-            inner.set_attn_implementation(_own_attention(model))
-            alone = torch.cat([_logits(model, collate([p], pad_id), keep, device) for p, keep in zip(probes, kept)])
+            inner.set_attn_implementation(language_attention(inner.config, _own_attention(model)))
+            alone = torch.cat([_logits(model, collate([p], pad_id, images=images), keep, device)
+                               for p, keep in zip(probes, kept)])
     finally:
-        inner.set_attn_implementation(current)
+        inner.set_attn_implementation(language_attention(inner.config, current))
         model.train(was_training)
         reshard(model)
     return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6)), sorted(kernels)
@@ -159,9 +164,11 @@ def agreed_max(values: list[float]) -> list[float]:
 
 
 def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, device, compute_dtype: torch.dtype,
-                   autocast=contextlib.nullcontext, check: bool = True) -> PackingVerdict:
+                   autocast=contextlib.nullcontext, check: bool = True, images=None) -> PackingVerdict:
     """Whether and how the run packs its rows: the rule in this module's docstring. Collective under several
-    processes (every process runs the same probes and takes the largest error)."""
+    processes (every process runs the same probes and takes the largest error). Data with images (``images``: the
+    batch workers' ``ImageBatches``) is probed with its image examples, each layout also without position ids (the
+    model's own, e.g. Qwen's M-RoPE from the images), and never packed untested."""
     # Eagerly, under torch.compile's wrapper: through it, the no-grad probes and transformers' own attention would each
     # compile the whole model before the first step (three compilations instead of one; on an H100 the 0.5B model's
     # run had not reached step 1 after a minute). Both compute the same function: the verdict is about attention.
@@ -174,25 +181,23 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
         # padded rows gain nothing from anyfit_varlen, which cannot place a whole unpadded row of a layer kind it does
         # not split (Falcon-H1's 'hybrid'): transformers' own attention, as it would run the model
         own = _own_attention(model)
-        inner.set_attn_implementation(own)
+        inner.set_attn_implementation(language_attention(inner.config, own))
         return PackingVerdict(False, own, f"packing: off for this model ({state} carry a state along the row, "
                                           "and transformers passes them no example boundaries): padded batches")
-    if getattr(getattr(examples, "report", None), "images", 0):
-        own = _own_attention(model)  # padded rows, as for the stateful layers above
-        inner.set_attn_implementation(own)
-        return PackingVerdict(False, own, "packing: off: the data holds images, trained in padded batches (packed "
-                                          "rows of image records are not built yet)")
-    if not check:
+    with_images = bool(getattr(getattr(examples, "report", None), "images", 0))
+    if not check and not with_images:
         return PackingVerdict(True, attention,
                               f"packing: on ({attention}), not self-tested (train.packing_check=false)")
     tolerance = TOLERANCE.get(compute_dtype, 6e-2)
     probes = probe_examples(examples, smallest_window(inner.config), max_length)
     tokens = sum(len(p["input_ids"]) for p in probes)
     tried = []
-    for candidate in dict.fromkeys([attention, _own_attention(model)]):
-        inner.set_attn_implementation(candidate)
+    layouts = [(a, p) for a in dict.fromkeys([attention, _own_attention(model)]) for p in (True, False)
+               if p or with_images]
+    for candidate, positions in layouts:
+        inner.set_attn_implementation(language_attention(inner.config, candidate))
         try:
-            error, kernels = relative_error(model, probes, pad_id, device, autocast)
+            error, kernels = relative_error(model, probes, pad_id, device, autocast, images, positions)
         except NotExactPacked as why:
             error, kernels, reason = float("inf"), [], f"cannot split {why} per example"
         else:
@@ -200,14 +205,16 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
         error = agreed_max([error])[0]
         if error <= tolerance:
             note = (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
-                    "slower)") if tried else f"; per example: {', '.join(kernels)}" if kernels else ""
+                    "slower)") if tried and candidate != attention else f"; {', '.join(tried)}" if tried else \
+                f"; per example: {', '.join(kernels)}" if kernels else ""
             return PackingVerdict(True, candidate, f"packing: self-test passed on {len(probes)} probe examples "
-                                  f"({tokens} tokens; error {error:.1e}, tolerance {tolerance:.0e}){note}",
-                                  error, tolerance)
-        tried.append(f"{candidate} {reason}")
+                                  f"({tokens} tokens{', with images' if with_images else ''}"
+                                  f"{'' if positions else ', positions from the model'}; error {error:.1e}, "
+                                  f"tolerance {tolerance:.0e}){note}", error, tolerance, positions)
+        tried.append(f"{candidate}{'' if positions else ' (positions from the model)'} {reason}")
     # Padded rows gain nothing from anyfit_varlen, and its dispatch refuses a layer kind it cannot split even where
     # nothing is packed (Llama-4's chunked layers under generate's cache at transformers 5.18): transformers' own.
     own = _own_attention(model)
-    inner.set_attn_implementation(own)
+    inner.set_attn_implementation(language_attention(inner.config, own))
     return PackingVerdict(False, own, f"packing: off, padded batches through transformers' own {own} "
                           f"({'; '.join(tried)})", error, tolerance)
