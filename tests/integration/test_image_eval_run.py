@@ -14,6 +14,7 @@ from test_report import Page
 from tiny_runs import config_for
 from vlm_fixtures import built_vlm, missing_for, write_image
 
+from anyfit.cli import main
 from anyfit.runfolder import GENERATIONS, REPORT
 from anyfit.training.loop import train
 from anyfit.training.validation import example_answer
@@ -56,6 +57,13 @@ def test_generation_accuracy_on_held_out_image_questions_before_and_after(tmp_pa
     page = Page((out / REPORT).read_text(encoding="utf-8"))
     assert not page.fetches  # the thumbnails are in the page
     assert (out / REPORT).read_text(encoding="utf-8").count('<img alt="image 1" src="data:image/png;base64,') == 6
+
+    # the trained model's folder (its processor saved beside it) scored afterwards by anyfit eval
+    scores = tmp_path / "eval"
+    assert main(["eval", f"data.path={data}", "data.num_samples=3", "runtime.device=cpu", "--model", str(out),
+                 "--max-new-tokens", "2", "--out", str(scores)]) == 0
+    rows = [json.loads(line) for line in (scores / "predictions.jsonl").read_text().splitlines()]
+    assert [r["gold"] for r in rows] == ["0", "1", "2"] and all(len(r["images"]) == 1 for r in rows)
 
 
 def test_an_example_answer_keeps_at_most_three_thumbnails_of_its_prompt_images(tmp_path):
