@@ -1,5 +1,5 @@
 """The images of a record: where each one is (``ImageRef``), how the public data shapes place them in a
-conversation (``place_images``), and loading one, checked (``load_image``, ``image_size``).
+conversation (``place_images``), and loading one, checked (``load_image``, ``image_size``, ``thumbnail_uri``).
 
 A record's images end up in one canonical form: a message with images has as content a list of parts,
 ``[{"type": "text", "text": ...}, {"type": "image"}, ...]`` in order, the image parts without payload; the
@@ -379,6 +379,19 @@ def image_size(ref: ImageRef, where: str) -> tuple[int, int]:
         except (OSError, SyntaxError, ValueError):
             orientation = 1
     return (height, width) if orientation in (5, 6, 7, 8) else (width, height)
+
+
+THUMBNAIL_PIXELS = 160  # the longer side of a thumbnail in the run's report
+
+
+def thumbnail_uri(ref: ImageRef, where: str, longest: int = THUMBNAIL_PIXELS) -> str:
+    """The image as ``load_image`` gives it, shrunk to at most ``longest`` pixels on its longer side, as a PNG data
+    URI (what the run's report shows beside an example answer: tens of kilobytes, no file to keep)."""
+    image = load_image(ref, where)
+    image.thumbnail((longest, longest))
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", optimize=True)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
 def _open(ref: ImageRef, where: str) -> PIL.Image.Image:

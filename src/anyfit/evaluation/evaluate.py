@@ -3,7 +3,9 @@
 The pieces, each usable alone:
 
 - ``load_eval_examples(cfg)``: the examples, read by the training data pipeline (same ``data.*`` keys);
-- prompts: ``anyfit.data.tokenization.prompt_token_ids``, the exact ids the model saw in training;
+- prompts: ``anyfit.data.tokenization.prompt_token_ids``, the exact ids the model saw in training; a record with
+  images: ``anyfit.evaluation.image_prompts.example_prompt``, the model's processor on the chat template's text and
+  the prompt's images (a text-only model refuses it in one line);
 - gold answers: ``anyfit.data.answers.example_gold`` (an ``answer`` field, GSM8K's ``#### N``, or MATH's last
   ``\\boxed{}``), the same answer the r1_zero template trains on;
 - ``score_completions`` and ``summarize``: pure functions from completions to per-example rows and metrics;
@@ -33,10 +35,12 @@ from typing import Any
 from anyfit.config import Config, DataConfig
 from anyfit.data.answers import example_gold
 from anyfit.data.formats import Example, detect_format, to_examples
+from anyfit.data.records import Records
 from anyfit.data.sources import DataError, load_records
 from anyfit.data.chat import use_chat_template
-from anyfit.data.tokenization import prompt_token_ids
+from anyfit.data.image_tokens import ImageTokens
 from anyfit.evaluation.answers import AnswerStyle, extract_answer
+from anyfit.evaluation.image_prompts import ImagePrompt, example_prompt, prompt_image_names
 from anyfit.evaluation.grading import grade
 from anyfit.evaluation.inference import (
     BackendSettings,
@@ -87,7 +91,8 @@ def load_eval_examples(cfg: DataConfig) -> list[Example]:
         except DataError:
             fmt = "prompt_completion"
         if fmt == "prompt_completion":
-            records = [{**r, completion_col: ""} for r in records]
+            # still Records: each record keeps its place, whose folder its relative image paths are read from
+            records = Records([{**r, completion_col: ""} for r in records], records.locate)
     return to_examples(records, cfg)
 
 
@@ -148,30 +153,37 @@ def summarize(rows: Sequence[dict], generation_seconds: float | None = None) -> 
 
 def run_eval(backend: InferenceBackend, examples: Sequence[Example], cfg: DataConfig,
              params: GenerationParams) -> tuple[list[dict], dict[str, Any]]:
-    """Generate an answer for every example with a gold answer, score them; ``(rows, summary)``."""
+    """Generate an answer for every example with a gold answer, score them; ``(rows, summary)``. A row of an image
+    record names its prompt's images (``images``)."""
     tokenizer = backend.tokenizer
     use_chat_template(tokenizer, cfg.chat_template)  # a run's saved tokenizer has it already; a base model's not
     kept = [(ex, g) for ex in examples if (g := example_gold(ex)) is not None]
     if not kept:
         raise DataError(f"None of the {len(examples)} examples has a gold answer: map an answer column with "
                         "data.fields: {answer: ...}, or use solutions ending in \\boxed{...} or '#### N'.")
-    prompt_ids = [prompt_token_ids(ex, tokenizer, cfg) for ex, _ in kept]
+    images = getattr(backend, "images", None)  # the model's processor: image records need one
+    prompts = [example_prompt(ex, tokenizer, cfg, images) for ex, _ in kept]
     t0 = time.perf_counter()
-    completions = backend.generate(prompt_ids, params)
+    completions = backend.generate(prompts, params)
     seconds = time.perf_counter() - t0
+    # an image prompt is shown with one placeholder per image (its text), not its hundreds of image tokens
     rows = score_completions(completions, [g for _, g in kept], answer_style(cfg.template),
-                             prompts=[tokenizer.decode(ids) for ids in prompt_ids],
+                             prompts=[tokenizer.decode(p.text_ids if isinstance(p, ImagePrompt) else p) for p in prompts],
                              indices=[ex.index for ex, _ in kept])
+    for row, prompt in zip(rows, prompts):
+        if names := prompt_image_names(prompt):
+            row["images"] = names
     summary = summarize(rows, seconds)
     summary["skipped_no_gold"] = len(examples) - len(kept)
     return rows, summary
 
 
-def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config
+def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config, images: ImageTokens | None = None
                     ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Greedy-generation metrics of a model already in memory (no reload): the call for a training loop; the
     graded rows (one per example, as ``predictions.jsonl`` holds them) and the summary.
-    Prompts laid out by ``cfg.data``, ``eval.max_new_tokens`` and ``eval.batch_size`` from ``cfg.eval``.
+    Prompts laid out by ``cfg.data``, ``eval.max_new_tokens`` and ``eval.batch_size`` from ``cfg.eval``; image
+    records through ``images`` (the model's processor: the run's ``parts.images``).
 
     Runs under ``torch.inference_mode`` in eval mode and restores the training mode; the RNG is untouched.
     Call it between optimizer steps (not inside an accumulation window).
@@ -180,7 +192,7 @@ def generation_eval(model, tokenizer, examples: Sequence[Example], cfg: Config
 
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module  # generate() lives on the wrapped model; each process evaluates its own copy
-    backend = TransformersBackend(model, tokenizer, batch_size=cfg.eval.batch_size)
+    backend = TransformersBackend(model, tokenizer, batch_size=cfg.eval.batch_size, images=images)
     return run_eval(backend, examples, cfg.data, default_params(cfg))
 
 

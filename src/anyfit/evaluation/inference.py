@@ -5,8 +5,10 @@
 - ``VLLMBackend`` is the fast path on CUDA when ``vllm`` is installed (``pip install 'anyfit[vllm]'``).
 
 A prompt is either a string (a user message rendered with the chat template, or raw text with
-``params.chat=False``) or a list of token ids used as they are (evaluation passes the exact ids the
-training pipeline builds, ``anyfit.data.tokenization.prompt_token_ids``). Strings are rendered by that same
+``params.chat=False``), a list of token ids used as they are (evaluation passes the exact ids the
+training pipeline builds, ``anyfit.data.tokenization.prompt_token_ids``), or an ``ImagePrompt`` (a record with
+images: ``anyfit.evaluation.image_prompts``), which needs the model's processor (``images``: a vision-language
+model's, loaded beside it; a text-only model refuses one in one line). Strings are rendered by that same
 pipeline, so a prompt typed at ``anyfit generate`` gets the tokens it would get in training.
 
 Sampling settings a checkpoint ships in its ``generation_config.json`` (Qwen's repetition_penalty=1.05,
@@ -33,16 +35,20 @@ from tqdm.auto import tqdm
 
 from anyfit.config import Config, ConfigError, DataConfig
 from anyfit.data.formats import Example
+from anyfit.data.image_tokens import ImageTokens
+from anyfit.data.records import DataError
 from anyfit.data.templates import PromptLayout
 from anyfit.data.tokenization import prompt_token_ids
 from anyfit.hardware.memory import free_bytes, is_oom, release_cached
 from anyfit.hardware.runtime import inference_policy
+from anyfit.evaluation.image_prompts import ImagePrompt, processed_batch
 from anyfit.model.loading import load_for_inference
+from anyfit.model.processor import copy_processor_files, inference_processor
 from anyfit.model.shape import kv_cache_bytes, shape_from_config
 from anyfit.model.source import ModelLocation, locate_model
 from anyfit.data.stopping import stop_token_ids
 
-Prompt = str | list[int]
+Prompt = str | list[int] | ImagePrompt
 FinishReason = Literal["eos", "stop", "length"]
 BatchSize = int | Literal["auto"]
 BACKENDS = ("auto", "vllm", "transformers")
@@ -180,15 +186,18 @@ def make_backend(model: str | Path, backend: str = "auto", device: str = "auto",
     hf_model, hf_tokenizer = load_for_inference(model, device, policy.compute_dtype, merge_lora=merge_lora,
                                                 tokenizer=tokenizer, trust_remote_code=trust_remote_code,
                                                 revision=revision)
-    return TransformersBackend(hf_model, hf_tokenizer, batch_size=batch_size)
+    images = ImageTokens(*inference_processor(hf_model.config, locate_model(model, tokenizer, revision), hf_tokenizer,
+                                              str(model), revision=revision, trust_remote_code=trust_remote_code))
+    return TransformersBackend(hf_model, hf_tokenizer, batch_size=batch_size, images=images)
 
 
 # --------------------------------------------------------------------------------------------------
 # Prompts
 
 
-def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParams) -> list[list[int]]:
-    """Token ids of each prompt, built by the training pipeline: chat-rendered (``params.chat``) or raw text.
+def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParams) -> list[list[int] | ImagePrompt]:
+    """Token ids of each prompt, built by the training pipeline: chat-rendered (``params.chat``) or raw text; an
+    ``ImagePrompt`` as it is.
 
     Raw text gets the tokenizer's leading special tokens (Llama's BOS) exactly as the training templates do.
     """
@@ -199,11 +208,18 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt], params: GenerationParam
         if isinstance(p, str):
             example = Example("prompt_completion", index=i, prompt=p, completion="")
             out.append(prompt_token_ids(example, tokenizer, chat if params.chat else raw))
+        elif isinstance(p, ImagePrompt):
+            out.append(p)
         else:
             out.append([int(t) for t in p])
-        if not out[-1]:
+        if not _ids(out[-1]):
             raise ValueError(f"prompt {i} is empty")
     return out
+
+
+def _ids(prompt: list[int] | ImagePrompt) -> list[int]:
+    """The ids the model is given for a prompt (an image prompt's with its image tokens)."""
+    return prompt.ids if isinstance(prompt, ImagePrompt) else prompt
 
 
 # --------------------------------------------------------------------------------------------------
@@ -268,12 +284,14 @@ class TransformersBackend:
     """``model.generate`` on batches of left-padded prompts, longest first, with the KV cache.
 
     Works on any loaded causal LM, including a PEFT model in the middle of training: it switches to eval
-    mode under ``torch.inference_mode`` and restores the training mode afterwards.
+    mode under ``torch.inference_mode`` and restores the training mode afterwards. Image prompts are batched apart
+    from text ones, through ``images``' processor (a vision-language model's; ``anyfit.evaluation.image_prompts``).
     """
 
     model: object
     tokenizer: object
     batch_size: BatchSize = "auto"
+    images: ImageTokens | None = None  # the model's processor for image prompts, or why it has none
     name: str = field(default="transformers", init=False)
 
     def __post_init__(self) -> None:
@@ -285,13 +303,18 @@ class TransformersBackend:
             return []
         ids = encode_prompts(self.tokenizer, prompts, params)
         model, tok = self.model, self.tokenizer
+        images = self.images or ImageTokens()
+        if images.processor is None and (shown := next((p for p in ids if isinstance(p, ImagePrompt)), None)):
+            raise DataError(f"{shown.place} has {len(shown.images)} image(s), but {images.missing}; generate from a "
+                            "vision-language checkpoint, or give text prompts.")
         eos_ids = eos_token_ids(model, tok)
         pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
         gen_config = _generation_config(params, eos_ids, pad_id)
-        order = sorted(range(len(ids)), key=lambda i: -len(ids[i]))
+        # Text prompts first, then image prompts (the processor batches those), each longest first.
+        order = sorted(range(len(ids)), key=lambda i: (isinstance(ids[i], ImagePrompt), -len(_ids(ids[i]))))
         batch = self.batch_size
         if batch == "auto":
-            batch = auto_batch_size(model, len(ids[order[0]]), params.max_new_tokens, len(ids))
+            batch = auto_batch_size(model, max(len(_ids(p)) for p in ids), params.max_new_tokens, len(ids))
         device = next(model.parameters()).device
         outputs: list[Completion | None] = [None] * len(ids)
         extra = {"tokenizer": tok} if params.stop else {}  # stop_strings need the tokenizer's vocabulary
@@ -302,15 +325,11 @@ class TransformersBackend:
             start = 0
             while start < len(order):
                 rows = order[start:start + batch]
-                width = max(len(ids[i]) for i in rows)
-                input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-                attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-                for r, i in enumerate(rows):  # left padding: every row's last prompt token is in the last column
-                    input_ids[r, width - len(ids[i]):] = torch.tensor(ids[i])
-                    attention_mask[r, width - len(ids[i]):] = 1
+                rows = [i for i in rows if isinstance(ids[i], ImagePrompt) == isinstance(ids[rows[0]], ImagePrompt)]
+                inputs = left_padded([ids[i] for i in rows], pad_id, images, device, next(model.parameters()).dtype)
+                width = inputs["input_ids"].shape[1]
                 try:
-                    out = model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
-                                         generation_config=gen_config, **extra)
+                    out = model.generate(**inputs, generation_config=gen_config, **extra)
                 except Exception as e:  # noqa: BLE001 - only out-of-memory is handled
                     if not is_oom(e) or batch == 1:
                         raise
@@ -320,10 +339,28 @@ class TransformersBackend:
                     print(f"[anyfit] generation ran out of memory; retrying with batch size {batch}", file=sys.stderr)
                     continue
                 for r, i in enumerate(rows):
-                    outputs[i] = _finish(tok, out[r, width:].tolist(), eos_ids, params, len(ids[i]))
+                    outputs[i] = _finish(tok, out[r, width:].tolist(), eos_ids, params, len(_ids(ids[i])))
                 start += len(rows)
                 bar.update(len(rows))
         return outputs  # type: ignore[return-value]
+
+
+def left_padded(prompts: list[list[int]] | list[ImagePrompt], pad_id: int, images: ImageTokens, device: torch.device,
+                dtype: torch.dtype) -> dict:
+    """``model.generate``'s inputs for a batch of prompts of one kind, padded on the left (every row's last prompt
+    token in the last column): ids and attention mask; for image prompts, the processor's batch (pixel values,
+    image grids, per-token types), floating-point tensors in the model's dtype."""
+    if isinstance(prompts[0], ImagePrompt):
+        out = processed_batch(prompts, images)  # type: ignore[arg-type]
+        return {k: v.to(device, dtype) if torch.is_floating_point(v) else v.to(device)
+                for k, v in out.items() if isinstance(v, torch.Tensor)}
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for r, ids in enumerate(prompts):
+        input_ids[r, width - len(ids):] = torch.tensor(ids)
+        attention_mask[r, width - len(ids):] = 1
+    return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device)}
 
 
 def _generation_config(params: GenerationParams, eos_ids: list[int], pad_id: int):
@@ -387,7 +424,12 @@ _VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
 
 class VLLMBackend:
     """vLLM's offline engine on CUDA. A LoRA output folder is served with a ``LoRARequest`` on its base
-    model, or merged into a temporary folder first (``merge_lora``)."""
+    model, or merged into a temporary folder first (``merge_lora``).
+
+    An image prompt goes to vLLM as ``{"prompt_token_ids": the tokenizer's ids of its text, "multi_modal_data":
+    {"image": [decoded images]}}``: ids with one placeholder per image, as the chat template writes it, which vLLM's
+    own multi-modal processor expands (for a token prompt it applies the image's prompt update to the ids it is
+    given, ``BaseMultiModalProcessor._apply_prompt_updates``; already expanded ids would be expanded again)."""
 
     name = "vllm"
 
@@ -397,7 +439,7 @@ class VLLMBackend:
                  **engine_kwargs) -> None:
         select_backend("vllm", inference_policy().device)  # a clear error off CUDA or without vllm
         import vllm
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         loc = locate_model(model, tokenizer, revision)
         if loc.gguf_file:
@@ -414,6 +456,8 @@ class VLLMBackend:
                                              revision=revision)
             merged.save_pretrained(self._tmp.name)
             tok.save_pretrained(self._tmp.name)
+            # a vision-language model's processor files, which vLLM reads to process images (the run saved them)
+            copy_processor_files(Path(loc.adapter), Path(self._tmp.name))
             weights = self._tmp.name
             loc = ModelLocation(base=weights, tokenizer=weights)
             del merged
@@ -425,6 +469,11 @@ class VLLMBackend:
             engine_kwargs.setdefault("max_lora_rank", next((r for r in _VLLM_LORA_RANKS if r >= rank), rank))
             self.lora_request = LoRARequest("anyfit-adapter", 1, loc.adapter)
         self.tokenizer = AutoTokenizer.from_pretrained(loc.tokenizer, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(loc.base, trust_remote_code=trust_remote_code,
+                                            **({"revision": revision} if revision and not self._tmp else {}))
+        # the processor decides each image prompt's ids and placeholders (vLLM loads its own to expand them)
+        self.images = ImageTokens(*inference_processor(config, loc, self.tokenizer, str(model), revision=revision,
+                                                       trust_remote_code=trust_remote_code))
         # vLLM stops at the EOS of the model's generation config by itself; the template's end of turn is added.
         self.stop_ids = stop_token_ids(self.tokenizer)
         self.llm = vllm.LLM(model=weights, tokenizer=loc.tokenizer, dtype=dtype, seed=seed,
@@ -447,10 +496,10 @@ class VLLMBackend:
                                   include_stop_str_in_output=params.include_stop, seed=seed,
                                   stop_token_ids=self.stop_ids, skip_special_tokens=True)
 
-        outs = self.llm.generate([{"prompt_token_ids": p} for p in ids], [sampling(i) for i in range(len(ids))],
+        outs = self.llm.generate([_vllm_prompt(p) for p in ids], [sampling(i) for i in range(len(ids))],
                                  lora_request=self.lora_request, use_tqdm=False)
         completions = []
-        for p, out in zip(ids, outs):
+        for p, out in zip(map(_ids, ids), outs):
             o = out.outputs[0]
             if o.finish_reason == "length":
                 reason: FinishReason = "length"
@@ -463,4 +512,11 @@ class VLLMBackend:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def _vllm_prompt(prompt: list[int] | ImagePrompt) -> dict:
+    """vLLM's ``TokensPrompt`` of a prompt: an image prompt's ids unexpanded, its images decoded beside them."""
+    if isinstance(prompt, ImagePrompt):
+        return {"prompt_token_ids": prompt.text_ids, "multi_modal_data": {"image": prompt.pictures()}}
+    return {"prompt_token_ids": prompt}
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 from anyfit.config import ModelConfig
 from anyfit.model.composite import is_composite
-from anyfit.model.source import ModelSource
+from anyfit.model.source import ModelLocation, ModelSource
 
 
 def load_processor(cfg: ModelConfig, tokenizer) -> tuple[object | None, str]:
     """(the processor of ``cfg``'s model, ""), or (None, why there is none: a text-only model, a GGUF file, a
     processor that does not load)."""
-    from transformers import AutoConfig, AutoProcessor
+    from transformers import AutoConfig
 
     src = ModelSource.from_config(cfg)
     name = cfg.name_or_path
@@ -28,16 +28,37 @@ def load_processor(cfg: ModelConfig, tokenizer) -> tuple[object | None, str]:
         config = AutoConfig.from_pretrained(src.path, trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
     except (OSError, ValueError) as e:
         return None, f"the config of {name} could not be read ({' '.join(str(e).split())[:200]})"
+    return processor_of(config, src.path, tokenizer, name, revision=cfg.revision,
+                        trust_remote_code=cfg.trust_remote_code)
+
+
+def processor_of(config, folder: str, tokenizer, name: str, *, revision: str | None = None,
+                 trust_remote_code: bool = False) -> tuple[object | None, str]:
+    """(the processor in ``folder`` of a model with this ``config``, ""), or (None, why there is none)."""
+    from transformers import AutoProcessor
+
     if not is_composite(config) or getattr(config, "vision_config", None) is None:
         return None, f"{name} is a text-only model (model_type {config.model_type!r}, no vision config)"
     try:
-        processor = AutoProcessor.from_pretrained(src.path, tokenizer=tokenizer, revision=cfg.revision,
-                                                  trust_remote_code=cfg.trust_remote_code)
+        processor = AutoProcessor.from_pretrained(folder, tokenizer=tokenizer, revision=revision,
+                                                  trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError, TypeError) as e:
         return None, f"the processor of {name} could not be loaded ({' '.join(str(e).split())[:300]})"
     if not hasattr(processor, "image_processor"):
         return None, f"{name}'s processor ({type(processor).__name__}) has no image processor"
     return processor, ""
+
+
+def inference_processor(config, loc: ModelLocation, tokenizer, name: str, *, revision: str | None = None,
+                        trust_remote_code: bool = False) -> tuple[object | None, str]:
+    """``processor_of`` for a model located by ``locate_model``: a training output (full or LoRA) keeps its
+    processor files beside its tokenizer (``save_processor``); a base model has them with its weights."""
+    if loc.gguf_file:
+        return None, f"{name} is a GGUF file, which holds a language model only"
+    here = Path(loc.tokenizer)
+    folder = str(here) if any((here / f).is_file() for f in PROCESSOR_FILES) else loc.base
+    return processor_of(config, folder, tokenizer, name, revision=None if folder == str(here) and here.is_dir()
+                        else revision, trust_remote_code=trust_remote_code)
 
 
 # The files of a processor beside the tokenizer's: what transformers' AutoProcessor and vLLM read to process images.

@@ -46,6 +46,7 @@ from anyfit.runfolder import (
 from anyfit.training.checkpoints.best import read_best
 from anyfit.training.svg_chart import Series, line_chart
 
+THUMBNAIL_PREFIX = "data:image/png;base64,"  # the only images the report shows: thumbnails the run made
 SECTIONS = (("summary", "Summary"), ("curves", "Curves"), ("generation", "Generation accuracy"),
             ("speed", "Speed and memory"), ("data", "Data"), ("config", "Config"))
 STYLE = """
@@ -60,6 +61,7 @@ font-weight:600}svg .grid{stroke:#e6e6e6}svg .frame{fill:none;stroke:#999}
 pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:420px;white-space:pre-wrap;word-break:break-word;
 margin:4px 0}.example{border:1px solid #ddd;border-radius:4px;padding:6px 10px;margin:8px 0}
 .io{display:grid;grid-template-columns:1fr 1fr;gap:10px}
+.thumbs img{max-width:160px;max-height:160px;margin:6px 6px 0 0;border:1px solid #ddd}
 .ok{color:#1a7f37;font-weight:600}.bad{color:#c62828;font-weight:600}.note{color:#555}
 """
 
@@ -276,9 +278,19 @@ def _example(g: dict[str, Any]) -> str:
     answer = "no answer found" if g.get("answer") is None else f'answer <b>{html.escape(str(g["answer"]))}</b>'
     return (f'<div class="example">{verdict}: {answer}, expected '
             f'<b>{html.escape(str(g.get("gold")))}</b> (answer form: {html.escape(str(g.get("answer_form")))})'
+            f'{_thumbnails(g.get("images"))}'
             f'<div class="io"><div><div class="note">prompt</div><pre>{html.escape(str(g.get("prompt")))}</pre></div>'
             f'<div><div class="note">the model wrote</div><pre>{html.escape(str(g.get("completion")))}</pre></div>'
             "</div></div>")
+
+
+def _thumbnails(images: Any) -> str:
+    """The example's images as the run kept them (PNG data URIs, ``training.validation.example_answer``); anything
+    else in the file is not shown."""
+    shown = [uri for uri in images if isinstance(uri, str) and uri.startswith(THUMBNAIL_PREFIX)] \
+        if isinstance(images, list) else []
+    tags = [f'<img alt="image {k + 1}" src="{html.escape(uri)}">' for k, uri in enumerate(shown)]
+    return f'<div class="thumbs">{"".join(tags)}</div>' if tags else ""
 
 
 def _speed(view: RunView) -> str:

@@ -16,6 +16,8 @@ from tqdm.auto import tqdm
 
 from anyfit.backends import unwrapped
 from anyfit.data.batching import to_device
+from anyfit.data.formats import Example
+from anyfit.data.images import thumbnail_uri
 from anyfit.data.source_names import loss_sources, source_key
 from anyfit.evaluation.evaluate import generation_eval
 from anyfit.runfolder import write_generations
@@ -100,19 +102,27 @@ class InTrainingEval:
         if generate and self.data.gen_examples:
             if accelerator.is_main_process:
                 rows, summary = generation_eval(unwrapped(self.parts.model), self.parts.tokenizer,
-                                                self.data.gen_examples, self.cfg)
+                                                self.data.gen_examples, self.cfg, self.parts.images)
                 record.update({f"gen_{k}": summary[k] for k in GEN_FIELDS})
+                examples = {ex.index: ex for ex in self.data.gen_examples}
                 write_generations(Path(self.cfg.train.output_dir),
-                                  [example_answer(done, row) for row in rows[:EXAMPLES_KEPT]])
+                                  [example_answer(done, row, examples[row["index"]]) for row in rows[:EXAMPLES_KEPT]])
             accelerator.wait_for_everyone()
         return record if len(record) > 1 else None
 
 
 EXAMPLES_KEPT = 3  # example answers kept per generation evaluation, for the run's report (runfolder.GENERATIONS)
+THUMBNAILS_KEPT = 3  # images of one example answer shown in the report, as small thumbnails
 
 
-def example_answer(step: int, row: dict[str, Any]) -> dict[str, Any]:
-    """One line of ``generations.jsonl``: what the report shows of a graded answer."""
-    return {"step": step, "index": row["index"], "prompt": row["prompt"], "gold": row["gold"],
+def example_answer(step: int, row: dict[str, Any], example: Example | None = None) -> dict[str, Any]:
+    """One line of ``generations.jsonl``: what the report shows of a graded answer; for an image record
+    (``example``'s prompt images, ``row["images"]``), the first few images as thumbnails (PNG data URIs, at most
+    160 pixels a side), so the report needs no image file."""
+    kept = {"step": step, "index": row["index"], "prompt": row["prompt"], "gold": row["gold"],
             "answer": row["extracted"], "completion": row["completion"], "correct": bool(row["correct"]),
             "answer_form": row["how"]}
+    if example is not None and row.get("images"):
+        shown = example.images[:min(len(row["images"]), THUMBNAILS_KEPT)]
+        kept["images"] = [thumbnail_uri(ref, f"{example.place}: image {k + 1}") for k, ref in enumerate(shown)]
+    return kept
