@@ -33,6 +33,13 @@ VERIFIED_DATASETS = {
         "checked": "2026-11-23, dataset card YAML: default config train 7,500 / test 5,000; a copy of "
                    "hendrycks/competition_math (its source_datasets)",
     },
+    "HuggingFaceH4/llava-instruct-mix-vsft": {
+        "subsets": {None: ("train", "test"), "default": ("train", "test")},
+        "columns": ("messages", "images"),
+        "checked": "2026-11-28, dataset files (parquet, default/train and default/test, about 273k rows): messages "
+                   "with image parts ({index, text, type}) and an images column of the hub Image feature (TRL's "
+                   "vision SFT example set)",
+    },
     "HuggingFaceH4/MATH-500": {
         "subsets": {None: ("test",)},
         "columns": ("problem", "solution", "answer", "subject", "level", "unique_id"),
@@ -45,6 +52,9 @@ VERIFIED_MODELS = {
     "Qwen/Qwen2.5-0.5B-Instruct": "2026-11-23, model page: config.json, model.safetensors",
     "Qwen/Qwen2.5-Math-1.5B": "2026-11-23, model page: config.json, model.safetensors",
     "HuggingFaceTB/SmolLM2-135M-Instruct": "2026-11-23, model page: config.json, model.safetensors",
+    "HuggingFaceTB/SmolVLM-256M-Instruct": "2026-11-28, model page: config.json (Idefics3ForConditionalGeneration), "
+                                           "model.safetensors, preprocessor_config.json, processor_config.json, "
+                                           "chat_template.json",
 }
 
 # Names that once worked and must not come back.
