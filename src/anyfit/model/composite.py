@@ -114,11 +114,13 @@ def language_modules(model: nn.Module):
             yield name, module
 
 
-def lora_scope(model: nn.Module, targets: list[str], tower: tuple[str, list[str]] | None = None) -> list[str] | str:
+def lora_scope(model: nn.Module, targets: list[str],
+               tower: tuple[str, list[str], list[str]] | None = None) -> list[str] | str:
     """PEFT's ``target_modules`` for the leaf names ``targets``: the list itself for a plain language model; for a
     composite, a pattern (PEFT matches a string with ``re.fullmatch`` against each module's qualified name) that
-    takes those leaves only inside the language model, so a vision tower's ``q_proj`` is left alone, and with
-    ``tower`` ((its name, its leaf names): model.train_vision=lora) those leaves inside the tower too."""
+    takes those leaves only inside the language model, so a vision tower's ``q_proj`` is left alone. With ``tower``
+    (its name, its leaf names, the qualified names of its modules to leave out: model.train_vision=lora,
+    ``anyfit.model.vision.tower_lora_targets``) those leaves inside the tower too."""
     prefixes = language_prefixes(model)
     if prefixes is None:
         return targets
@@ -127,4 +129,8 @@ def lora_scope(model: nn.Module, targets: list[str], tower: tuple[str, list[str]
         return rf"(?:{'|'.join(re.escape(n) for n in names)})\.(?:.*\.)?(?:{'|'.join(re.escape(t) for t in leaves)})"
 
     pattern = inside(prefixes, targets)
-    return pattern if tower is None else f"{pattern}|{inside([tower[0]], tower[1])}"
+    if tower is None:
+        return pattern
+    name, leaves, left_out = tower
+    unless = f"(?!(?:{'|'.join(re.escape(n) for n in left_out)})$)" if left_out else ""
+    return f"{pattern}|{unless}{inside([name], leaves)}"

@@ -17,7 +17,7 @@ from anyfit.hardware.runtime import RuntimePolicy
 from anyfit.model.head import fuse_head
 from anyfit.model.offload import offload_activations
 from anyfit.model.tiled import tile_mlps
-from anyfit.model.vision import checkpointed_stacks
+from anyfit.model.vision import checkpointed_stacks, frozen_encoders
 
 
 def enable_checkpointing(model: nn.Module, every: int = 1, tower: bool = False) -> None:
@@ -44,6 +44,13 @@ def enable_checkpointing(model: nn.Module, every: int = 1, tower: bool = False) 
     for layer in model.modules():
         if isinstance(layer, GradientCheckpointingLayer):
             layer.gradient_checkpointing = id(layer) in on
+    # transformers also hooks the input embeddings of every sub-model, a vision tower's patch embedding included, to
+    # make their output require a gradient (for reentrant checkpointing): through a frozen tower that built a graph,
+    # kept its activations and ran its whole backward every step, for no gradient of anything
+    frozen = {id(m._forward_hooks) for part in frozen_encoders(model, tower) for m in part.modules()}
+    for handle in getattr(model, "_require_grads_hooks", []):
+        if id(handle.hooks_dict_ref()) in frozen:
+            handle.remove()
 
 
 ModelHook = Callable[[nn.Module, Config, RuntimePolicy], object]

@@ -141,19 +141,25 @@ def tower_linear_leaves(model: nn.Module) -> list[str]:
     return list(dict.fromkeys(name.rsplit(".", 1)[-1] for name, m in tower.named_modules() if name and _is_linear(m)))
 
 
-def tower_lora_targets(model: nn.Module, spec: list[str] | str) -> tuple[str, list[str]]:
-    """(the tower's name, the leaf names LoRA adapts in it) for ``lora.target_modules`` ``spec``: auto/all-linear
-    every linear layer of the tower, a list the names it shares with the tower (a ConfigError if none)."""
+def tower_lora_targets(model: nn.Module, spec: list[str] | str) -> tuple[str, list[str], list[str]]:
+    """(the tower's name, the leaf names LoRA adapts in it, the tower's other modules of those names) for
+    ``lora.target_modules`` ``spec``: auto/all-linear every linear layer of the tower, a list the names it shares with
+    the tower (a ConfigError if none). PEFT matches by name and adapts convolutions too: Qwen's patch embedding is a
+    Conv3d named ``proj`` like its attention output, so the pattern must leave the third list out."""
     found = parts(model)
     leaves = tower_linear_leaves(model)
     if spec in ("auto", "all-linear"):
-        return found.tower, leaves
-    listed = [spec] if isinstance(spec, str) else list(spec)
-    shared = [t for t in listed if t in leaves]
-    if not shared:
-        raise ConfigError(f"model.train_vision=lora: lora.target_modules {listed} names none of the vision tower's "
-                          f"linear layers ({', '.join(leaves)}); add some, or use lora.target_modules=auto.")
-    return found.tower, shared
+        chosen = leaves
+    else:
+        listed = [spec] if isinstance(spec, str) else list(spec)
+        chosen = [t for t in listed if t in leaves]
+        if not chosen:
+            raise ConfigError(f"model.train_vision=lora: lora.target_modules {listed} names none of the vision "
+                              f"tower's linear layers ({', '.join(leaves)}); add some, or use lora.target_modules=auto.")
+    tower = model.get_submodule(found.tower)
+    others = [f"{found.tower}.{name}" for name, m in tower.named_modules()
+              if name and name.rsplit(".", 1)[-1] in chosen and not _is_linear(m)]
+    return found.tower, chosen, others
 
 
 def checkpointed_stacks(model: nn.Module, tower_trains: bool) -> tuple[list[nn.Module], list[nn.Module]]:
@@ -173,6 +179,12 @@ def checkpointed_stacks(model: nn.Module, tower_trains: bool) -> tuple[list[nn.M
         elif tower_trains and found.tower and name.startswith(found.tower + "."):
             tower.append(module)
     return language, tower
+
+
+def frozen_encoders(model: nn.Module, tower_trains: bool) -> list[nn.Module]:
+    """The encoders no gradient should pass through: the image tower unless it trains, any audio tower."""
+    found = [] if tower_trains else [_encoder(model, "image")]
+    return [m for m in (*found, _encoder(model, "audio")) if m is not None and language_prefixes(model) is not None]
 
 
 @dataclass(frozen=True)
@@ -208,8 +220,9 @@ def part_sizes(config) -> PartSizes:
     linears: dict[tuple[str, int, int], int] = {}
     if found.tower is not None:
         for name, m in model.get_submodule(found.tower).named_modules():
-            if name and isinstance(m, nn.Linear):
-                key = (name.rsplit(".", 1)[-1], m.in_features, m.out_features)
+            if name and _is_linear(m):
+                d_out, d_in = m.weight.shape if isinstance(m, nn.Linear) else m.weight.shape[::-1]  # Conv1D: (in, out)
+                key = (name.rsplit(".", 1)[-1], d_in, d_out)
                 linears[key] = linears.get(key, 0) + 1
     return PartSizes(tower=sum(size[i] for i in found.tower_ids), projector=sum(size[i] for i in found.projector_ids),
                      audio=sum(size[i] for i in found.audio_ids),
