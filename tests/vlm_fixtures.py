@@ -49,8 +49,9 @@ def composite_parts(model_type: str) -> dict:
         "qwen2_5_vl": dict(text=dict(rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 1, 1])),
                            vision_config=dict(_VISION_QWEN, window_size=32, fullatt_block_indexes=[0])),
         "gemma3": dict(text=dict(query_pre_attn_scalar=8, sliding_window=16), mm_tokens_per_image=4,
+                       # no attention-pooling head, as in Gemma-3's own config: the model never reads it
                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                          num_attention_heads=2, image_size=32, patch_size=8)),
+                                          num_attention_heads=2, image_size=32, patch_size=8, vision_use_head=False)),
         "mistral3": dict(text=dict(model_type="mistral"), spatial_merge_size=2,
                          vision_config=dict(model_type="pixtral", hidden_size=32, intermediate_size=64,
                                             num_hidden_layers=1, num_attention_heads=2, head_dim=16, image_size=64,

@@ -190,7 +190,7 @@ def test_the_plan_counts_every_part_the_model_holds(model_type, composite):
     shape = shape_from_config(config)
     with torch.device("meta"):
         built = model_class(config).from_config(config)
-    assert shape.frozen_params > 0
-    assert shape.params + shape.frozen_params == sum(p.numel() for p in built.parameters())
+    assert shape.outside_params > 0
+    assert shape.params + shape.outside_params == sum(p.numel() for p in built.parameters())
     setup = Setup(method="full", device="cpu", precision="fp32", weight_bytes=4, micro_batch=1, seq_len=16)
-    assert estimate_memory(shape, setup).weights == (shape.params + shape.frozen_params) * 4
+    assert estimate_memory(shape, setup).weights == (shape.params + shape.outside_params) * 4

@@ -51,6 +51,8 @@ class Loaded:
             f"({'LoRA' if lora else 'full fine-tuning'})")
         for line in moe_summary(model, trainable, lora, cfg.train.router_aux_loss_coef):  # a mixture of experts
             say(line)
+        for line in getattr(model, "anyfit_parts", []):  # a composite: which of its parts train
+            say(line)
         unloaded = None if lora else find_unloaded(model, cfg.model)  # an adapter is saved alone: it needs none
         if unloaded is not None:
             say(unloaded.line())

@@ -57,6 +57,18 @@ class ModelConfig:
         False, "Run each decoder layer's MLP over the sequence in tiles of about hidden_size tokens (DeepSpeed's "
         "TiledMLP; the backward recomputes one tile at a time), so the MLP's intermediate activations never exist "
         "for a whole long sequence. Costs one more MLP forward per step.")
+    train_vision: Literal["frozen", "lora", "full"] = _f(
+        "frozen", "A vision-language composite's vision tower (the module transformers' get_encoder('image') "
+        "returns: vision_tower, visual, vision_model): frozen (its loaded weights, bit for bit); lora: LoRA adapters on "
+        "its linear layers too (needs lora.enabled or lora.qlora; lora.target_modules auto/all-linear takes every one "
+        "of them, a list takes the names it shares with the tower); full: all its weights train (in a LoRA run they are "
+        "saved whole in the adapter, PEFT's modules_to_save). With model.gradient_checkpointing its layers recompute "
+        "only when it trains. A model without a vision tower refuses anything but frozen.")
+    train_projector: bool = _f(
+        False, "Train a composite's projector fully: its parameters outside the language model and the vision tower "
+        "(LLaVA's, Gemma-3's, Mistral-3's multi_modal_projector, Idefics3's connector, Gemma-4's embed_vision; saved "
+        "whole in a LoRA run's adapter). A model whose projector is part of its tower (Qwen's visual.merger) says so "
+        "in one line: that one trains with the tower, or not at all.")
     keep_unloaded_tensors: bool = _f(
         True, "Tensors of the checkpoint that the model's transformers class does not load (Qwen3.5's multi-token "
         "prediction mtp.*, DeepSeek-V3's and GLM-4.5's extra MTP layer) are written unchanged, not trained, beside "
@@ -418,6 +430,7 @@ def validate(cfg: Config) -> None:
         if value < 0:
             raise ConfigError(f"'{key}' must be 0 or more, got {value}.")
     _check_forgetting(cfg)
+    _check_vision(cfg)
     if cfg.eval.holdout and (cfg.eval.path or cfg.eval.split):
         raise ConfigError("Set either eval.holdout (records taken from the training data) or eval.path/eval.split "
                           "(separate held-out data), not both.")
@@ -512,6 +525,20 @@ def _check_forgetting(cfg: Config) -> None:
     if t.base_kl_weight and t.fused_loss:
         raise ConfigError("train.base_kl_weight > 0 needs the logits, which train.fused_loss never forms: set one "
                           "of them off.")
+
+
+def _check_vision(cfg: Config) -> None:
+    """model.train_vision and model.train_projector against the LoRA settings (whether the model has a vision
+    tower is known only once it is built: anyfit.model.vision.check_parts)."""
+    lora = cfg.lora.enabled or cfg.lora.qlora
+    if cfg.model.train_vision == "lora" and not lora:
+        raise ConfigError("model.train_vision=lora puts LoRA adapters on the vision tower and needs lora.enabled=true "
+                          "(or lora.qlora=true); in a full fine-tune use model.train_vision=full.")
+    if cfg.lora.qlora and (cfg.model.train_vision == "full" or cfg.model.train_projector):
+        # bitsandbytes quantizes the tower's and projector's linear layers too: 4-bit weights take no gradient
+        raise ConfigError("lora.qlora loads the vision tower and projector in 4-bit, which cannot train fully: use "
+                          "model.train_vision=lora (adapters on the tower) and model.train_projector=false, or "
+                          "lora.enabled=true without qlora.")
 
 
 # data.* keys a data.mix entry may set for itself (the store settings stay run-wide).

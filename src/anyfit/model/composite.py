@@ -6,10 +6,11 @@ to the text model alone (``Qwen3_5ForCausalLM``, ``Llama4ForCausalLM``: its chec
 ``language_model`` prefix and ``_keys_to_ignore_on_load_unexpected`` drops the vision tower without a word, so a
 model saved from it is another architecture with fewer tensors), for others it knows no class at all
 (``Mistral3Config``). Here the class is the one the checkpoint was saved as: config.json's ``architectures``,
-found through transformers' own auto mappings (``model_class``). Only its language model trains: the module the
-model's own ``get_decoder()`` returns, with the input and output embeddings (``language_parameters``); the rest
-(vision tower, projector, audio) is frozen and never changes, and LoRA targets only the language model
-(``lora_scope``). The model's own ``save_pretrained`` then writes the same architecture, tensor names and count.
+found through transformers' own auto mappings (``model_class``). Its language model is the module the model's own
+``get_decoder()`` returns, with the input and output embeddings (``language_parameters``); what else trains (the
+vision tower, the projector: ``model.train_vision``, ``model.train_projector``) is ``anyfit.model.vision``'s rule,
+and LoRA targets the language model, and the tower only when asked (``lora_scope``). The model's own
+``save_pretrained`` then writes the same architecture, tensor names and count.
 
 A plain language model (its config is its own text config) goes through ``AutoModelForCausalLM`` as before.
 """
@@ -105,21 +106,6 @@ def language_prefixes(model: nn.Module) -> list[str] | None:
     return [n for n in names if not any(n.startswith(other + ".") for other in names)]
 
 
-def freeze_all_but_language(model: nn.Module) -> int:
-    """Freeze every parameter of a composite outside its language model (vision tower, projector, audio): they
-    keep their loaded values exactly, get no gradients (DDP/FSDP see no unused trainable parameters) and no
-    optimizer state. Returns how many parameters were frozen (0 for a plain language model)."""
-    if language_prefixes(model) is None:
-        return 0
-    language = language_parameters(model)
-    frozen = 0
-    for param in model.parameters():
-        if id(param) not in language:
-            param.requires_grad_(False)
-            frozen += param.numel()
-    return frozen
-
-
 def language_modules(model: nn.Module):
     """``named_modules()`` of the language model only (every module of a plain language model)."""
     prefixes = language_prefixes(model)
@@ -128,37 +114,26 @@ def language_modules(model: nn.Module):
             yield name, module
 
 
-def lora_scope(model: nn.Module, targets: list[str]) -> list[str] | str:
+def lora_scope(model: nn.Module, targets: list[str],
+               tower: tuple[str, list[str], list[str]] | None = None) -> list[str] | str:
     """PEFT's ``target_modules`` for the leaf names ``targets``: the list itself for a plain language model; for a
     composite, a pattern (PEFT matches a string with ``re.fullmatch`` against each module's qualified name) that
-    takes those leaves only inside the language model, so a vision tower's ``q_proj`` is left alone."""
+    takes those leaves only inside the language model, so a vision tower's ``q_proj`` is left alone. With ``tower``
+    (its name, its leaf names, the qualified names of its modules to leave out: model.train_vision=lora,
+    ``anyfit.model.vision.tower_lora_targets``) those leaves inside the tower too."""
     prefixes = language_prefixes(model)
     if prefixes is None:
         return targets
-    inside = "|".join(re.escape(p) for p in prefixes)
-    leaves = "|".join(re.escape(t) for t in targets)
-    return rf"(?:{inside})\.(?:.*\.)?(?:{leaves})"
 
+    def inside(names: list[str], leaves: list[str]) -> str:
+        return rf"(?:{'|'.join(re.escape(n) for n in names)})\.(?:.*\.)?(?:{'|'.join(re.escape(t) for t in leaves)})"
 
-def frozen_parameter_count(config) -> int:
-    """Parameters of a composite outside its language model (what ``freeze_all_but_language`` freezes), counted by
-    building the checkpoint's class on the meta device (nothing allocated, nothing read); 0 for a plain language
-    model. For the planner: they are loaded, but get no gradients and no optimizer state."""
-    if not is_composite(config):
-        return 0
-    import torch
-
-    auto = model_class(config)
-    try:
-        with torch.device("meta"):
-            model = auto.from_config(config)
-    except Exception as e:  # any failure to build means: no count for this architecture
-        raise ConfigError(f"Cannot count the parts of the composite {config.model_type!r} outside its language "
-                          f"model ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}).") from e
-    if language_prefixes(model) is None:
-        return 0
-    language = language_parameters(model)
-    return sum(p.numel() for p in model.parameters() if id(p) not in language)
+    pattern = inside(prefixes, targets)
+    if tower is None:
+        return pattern
+    name, leaves, left_out = tower
+    unless = f"(?!(?:{'|'.join(re.escape(n) for n in left_out)})$)" if left_out else ""
+    return f"{pattern}|{unless}{inside([name], leaves)}"
 
 
 def language_attention(config, name: str) -> str | dict:

@@ -18,13 +18,7 @@ from torch import nn
 from anyfit.config import Config, ConfigError, LoraConfig
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
 from anyfit.model.attention import register as register_varlen_attention
-from anyfit.model.composite import (
-    freeze_all_but_language,
-    language_attention,
-    language_modules,
-    lora_scope,
-    model_class,
-)
+from anyfit.model.composite import language_attention, language_modules, lora_scope, model_class
 from anyfit.model.gguf_cache import drop_gguf_quantizer
 from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, moe_blocks, restore_dropout
 from anyfit.model.savers import install_savers
@@ -32,6 +26,7 @@ from anyfit.model.shape import resolve_lora_targets
 from anyfit.model.source import ModelSource, locate_model
 from anyfit.model.quiet import quiet_peft
 from anyfit.model.tokenizer import as_its_file, ensure_pad_token
+from anyfit.model.vision import check_parts, freeze_untrained, parts, tower_lora_targets
 
 
 def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, empty: bool = False) -> nn.Module:
@@ -73,11 +68,14 @@ def load_model(cfg: Config, policy: RuntimePolicy, device_index: int = 0, *, emp
         drop_gguf_quantizer(model)
     if cfg.lora.qlora:
         keep_one_4bit_path(model)
-    freeze_all_but_language(model)  # a composite (vision-language) checkpoint trains its language model only
+    m, lora = cfg.model, cfg.lora.enabled or cfg.lora.qlora
+    notes = check_parts(model, m.train_vision, m.train_projector, lora)  # a composite: what trains, in a line
+    freeze_untrained(model, m.train_vision, m.train_projector)  # a composite: its language model, and what is asked
     install_savers(model, cfg, policy)  # checkpointing, activation offload, tiled MLP, fused head: as configured
     balance_routers(model, cfg.train.router_aux_loss_coef)  # MoE: the router's load-balancing loss, if asked
-    if cfg.lora.enabled or cfg.lora.qlora:
-        model = apply_lora(model, cfg.lora)
+    if lora:
+        model = apply_lora(model, cfg.lora, m.train_vision, m.train_projector)
+    model.anyfit_parts = notes  # printed with the parameter counts (anyfit.backends.base.Loaded)
     return model
 
 
@@ -144,7 +142,11 @@ def find_lora_targets(model: nn.Module, spec: list[str] | str) -> list[str]:
                                 spec)
 
 
-def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
+def apply_lora(model: nn.Module, cfg: LoraConfig, train_vision: str = "frozen",
+               train_projector: bool = False) -> nn.Module:
+    """PEFT's LoRA on the language model's linear layers (and MoE experts) as ``cfg`` says; in a composite also on
+    the vision tower's with ``train_vision`` lora, and the tower (``full``) or the projector (``train_projector``)
+    trained and saved whole in the adapter (PEFT's ``modules_to_save``)."""
     with quiet_peft(cfg.qlora):
         from peft import LoraConfig as PeftLoraConfig
         from peft import get_peft_model, prepare_model_for_kbit_training
@@ -154,9 +156,11 @@ def apply_lora(model: nn.Module, cfg: LoraConfig) -> nn.Module:
     if cfg.qlora and cfg.qlora_upcast:  # its fp32 cast of the unquantized weights (get_peft_model freezes the base)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     dropout = 0.0 if targets.parameters else cfg.dropout  # PEFT takes no dropout with parameters: restore_dropout
+    tower = tower_lora_targets(model, cfg.target_modules) if train_vision == "lora" else None
+    whole = parts(model).saved_whole(train_vision, train_projector)
     peft_cfg = PeftLoraConfig(r=cfg.r, lora_alpha=cfg.alpha, lora_dropout=dropout,
-                              target_modules=lora_scope(model, targets.modules),
-                              bias="none", task_type="CAUSAL_LM",
+                              target_modules=lora_scope(model, targets.modules, tower),
+                              bias="none", task_type="CAUSAL_LM", modules_to_save=whole or None,
                               **({"target_parameters": targets.parameters} if targets.parameters else {}))
     with quiet_peft(cfg.qlora):
         model = get_peft_model(model, peft_cfg)

@@ -17,15 +17,20 @@ from anyfit.hardware.runtime import RuntimePolicy
 from anyfit.model.head import fuse_head
 from anyfit.model.offload import offload_activations
 from anyfit.model.tiled import tile_mlps
+from anyfit.model.vision import checkpointed_stacks, frozen_encoders
 
 
-def enable_checkpointing(model: nn.Module, every: int = 1) -> None:
-    """Activation checkpointing through transformers' own layers, on every ``every``-th decoder layer.
+def enable_checkpointing(model: nn.Module, every: int = 1, tower: bool = False) -> None:
+    """Activation checkpointing through transformers' own layers, on every ``every``-th decoder layer, and on every
+    ``every``-th layer of a composite's vision tower when it trains (``tower``).
 
     Non-reentrant checkpointing works with frozen inputs (LoRA) without enable_input_require_grads. Every
     decoder layer of transformers is a ``GradientCheckpointingLayer`` with its own ``gradient_checkpointing``
     switch: enabling it model-wide and switching it off on the layers in between keeps their activations
-    (more memory, less recomputation).
+    (more memory, less recomputation). transformers' own ``every_n_layers`` counts the layers of the whole model,
+    a vision tower's first (they come first in Qwen3.5, Gemma-3, Mistral-3, Llama-4): so each stack is counted
+    here on its own, and the planner's "every N-th decoder layer" is the one that runs. A frozen tower's layers are
+    off (``anyfit.model.vision.checkpointed_stacks``: no backward runs through them).
     """
     from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -34,15 +39,25 @@ def enable_checkpointing(model: nn.Module, every: int = 1) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for i, layer in enumerate(layers):
-        layer.gradient_checkpointing = i % every == 0
+    language, vision = checkpointed_stacks(model, tower)
+    on = {id(layer) for stack in (language, vision) for i, layer in enumerate(stack) if i % every == 0}
+    for layer in model.modules():
+        if isinstance(layer, GradientCheckpointingLayer):
+            layer.gradient_checkpointing = id(layer) in on
+    # transformers also hooks the input embeddings of every sub-model, a vision tower's patch embedding included, to
+    # make their output require a gradient (for reentrant checkpointing): through a frozen tower that built a graph,
+    # kept its activations and ran its whole backward every step, for no gradient of anything
+    frozen = {id(m._forward_hooks) for part in frozen_encoders(model, tower) for m in part.modules()}
+    for handle in getattr(model, "_require_grads_hooks", []):
+        if id(handle.hooks_dict_ref()) in frozen:
+            handle.remove()
 
 
 ModelHook = Callable[[nn.Module, Config, RuntimePolicy], object]
 
 MODEL_HOOKS: dict[str, ModelHook] = {
-    "model.gradient_checkpointing": lambda model, cfg, policy: enable_checkpointing(model, cfg.model.checkpoint_every),
+    "model.gradient_checkpointing": lambda model, cfg, policy: enable_checkpointing(
+        model, cfg.model.checkpoint_every, tower=cfg.model.train_vision != "frozen"),
     # pinned host buffers only where there is a device to copy from
     "model.activation_offload": lambda model, cfg, policy: offload_activations(model, pin=policy.device == "cuda"),
     "model.tiled_mlp": lambda model, cfg, policy: tile_mlps(model),

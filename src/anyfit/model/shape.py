@@ -18,10 +18,11 @@ import re
 from dataclasses import dataclass, replace
 
 from anyfit.config import ConfigError, ModelConfig
-from anyfit.model.composite import frozen_parameter_count, is_composite, language_modules, language_parameters, model_class
+from anyfit.model.composite import is_composite, language_modules, language_parameters, model_class
 from anyfit.model.moe import moe_blocks
 from anyfit.model.packing import stateful_kinds
 from anyfit.model.source import ModelSource
+from anyfit.model.vision import part_sizes
 
 # Leaf names of the projections LoRA usually targets, by architecture family. Used to order and
 # explain the automatic choice; the choice itself comes from the model's own modules.
@@ -92,8 +93,13 @@ class ModelShape:
     active_routed_params: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
-    # A composite checkpoint's parts outside the language model (vision tower, projector): loaded, always frozen
-    frozen_params: int = 0
+    # A composite checkpoint's parts outside the language model (anyfit.model.vision): always loaded; the tower and
+    # the projector train as model.train_vision and model.train_projector say (the planner's Setup), audio never.
+    # The tower's linear layers, as projections, are what LoRA adapts with train_vision=lora.
+    tower_params: int = 0
+    projector_params: int = 0
+    audio_params: int = 0
+    tower_projections: tuple[Projection, ...] = ()
     router_params: int = 0  # the routers' (and gates') matrices: every token passes through them
     stateful: str = ""  # layers with a state along the sequence (anyfit.model.packing): never packed, never split
 
@@ -109,6 +115,22 @@ class ModelShape:
         share = self.experts_per_token / self.num_experts if self.num_experts else 0.0
         return (self.body_linear_params + self.router_params
                 + round(share * sum(p.d_in * p.d_out * p.count for p in self.experts)))
+
+    @property
+    def outside_params(self) -> int:
+        """A composite's parameters outside its language model (0 for a plain language model)."""
+        return self.tower_params + self.projector_params + self.audio_params
+
+    def fully_trained_outside(self, train_vision: str, train_projector: bool) -> int:
+        """Parameters outside the language model that train whole: the tower with train_vision=full, the projector
+        with train_projector."""
+        return self.tower_params * (train_vision == "full") + self.projector_params * train_projector
+
+    def tower_lora_params(self, r: int, spec: list[str] | str = "auto") -> int:
+        """Adapter parameters on the vision tower's linear layers (model.train_vision=lora): every one with
+        auto/all-linear, the names a list shares with the tower (anyfit.model.vision.tower_lora_targets)."""
+        names = None if spec in ("auto", "all-linear") else set([spec] if isinstance(spec, str) else spec)
+        return sum(r * (p.d_in + p.d_out) * p.count for p in self.tower_projections if names is None or p.name in names)
 
     @property
     def q_dim(self) -> int:
@@ -174,8 +196,10 @@ class ModelShape:
                 f"{self.embedding_params / 1e6:,.1f}M ({tied}), {self.num_layers} layers, hidden {self.hidden_size}, "
                 f"heads {self.num_heads} (kv {self.num_kv_heads}, head_dim {self.head_dim}), intermediate "
                 f"{self.intermediate_size}, vocab {self.vocab_size:,}"
-                + (f"; plus {self.frozen_params / 1e6:,.1f}M outside the language model (vision etc.), frozen"
-                   if self.frozen_params else ""))
+                + (f"; plus {self.outside_params / 1e6:,.1f}M outside the language model (vision tower "
+                   f"{self.tower_params / 1e6:,.1f}M, projector {self.projector_params / 1e6:,.1f}M"
+                   + (f", audio {self.audio_params / 1e6:,.1f}M" if self.audio_params else "")
+                   + "), frozen unless model.train_vision / model.train_projector" if self.outside_params else ""))
 
 
 # Llama-family decoders: which biases and extra norms each model type has (read from their modeling code).
@@ -283,7 +307,12 @@ def shape_from_config(config) -> ModelShape:
                             config if is_composite(config) else None)
     # a composite (vision-language) checkpoint: its language model is planned, the rest is loaded and frozen
     shape = replace(shape, stateful=stateful_kinds(config))
-    return replace(shape, frozen_params=frozen_parameter_count(config)) if is_composite(config) else shape
+    if not is_composite(config):
+        return shape
+    sizes = part_sizes(config)
+    tower = tuple(Projection(name, d_in, d_out, count, "other") for name, d_in, d_out, count in sizes.tower_linears)
+    return replace(shape, tower_params=sizes.tower, projector_params=sizes.projector, audio_params=sizes.audio,
+                   tower_projections=tower)
 
 
 def _flag(config, value) -> bool:

@@ -213,6 +213,20 @@ def _trainable_tensors(shape: ModelShape, setup: Setup) -> tuple[list[tuple[int,
     return mats, max(0, shape.params - sum(r * c * n for r, c, n in mats))
 
 
+def trained_parameters(shape: ModelShape, setup: Setup) -> tuple[int, int]:
+    """(the parameters that train in the run's own way, the parts that train whole beside LoRA adapters).
+
+    The first: LoRA's adapters (fp32; with model.train_vision=lora also the vision tower's), or in a full fine-tune
+    every parameter of the language model and the composite's parts that train (train_vision=full,
+    train_projector), all in the weight dtype. The second, LoRA only: the tower and projector trained whole, as
+    PEFT's modules_to_save trains them: a copy of the module in the loaded (weight) dtype."""
+    whole = shape.fully_trained_outside(setup.train_vision, setup.train_projector)
+    if not setup.lora:
+        return shape.params + whole, 0
+    tower = shape.tower_lora_params(setup.lora_r, setup.lora_targets) if setup.train_vision == "lora" else 0
+    return shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) + tower, whole
+
+
 def optimizer_state_bytes(shape: ModelShape, setup: Setup) -> int:
     """Optimizer-state bytes per rank (``train.optimizer``, divided over the shards under FSDP).
 
@@ -225,16 +239,20 @@ def optimizer_state_bytes(shape: ModelShape, setup: Setup) -> int:
       rows and the column factor spans all columns.
     """
     shard = setup.shards
-    trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) if setup.lora else shape.params
+    trainable, whole = trained_parameters(shape, setup)
     grad_bytes = 4 if setup.lora else setup.weight_bytes
+    # the parts of a composite outside the language model that train: not among _trainable_tensors' matrices
+    outside = whole if setup.lora else shape.fully_trained_outside(setup.train_vision, setup.train_projector)
     if setup.optimizer == "adamw":
-        return int(2 * trainable * grad_bytes / shard)
+        return int(2 * (trainable * grad_bytes + whole * setup.weight_bytes) / shard)
     mats, vectors = _trainable_tensors(shape, setup)
     if setup.optimizer in EIGHT_BIT_OPTIMIZERS:
-        return int(((trainable - vectors) * EIGHT_BIT_STATE_BYTES + vectors * 8) / shard)
+        return int(((trainable + whole - vectors) * EIGHT_BIT_STATE_BYTES + vectors * 8) / shard)
     if setup.optimizer == "adafactor":
+        # the tower's and projector's matrices are not listed one by one: a full second moment for each of their
+        # parameters, an upper bound of the factored one
         factored = sum(n * (r / shard + c) for r, c, n in mats)
-        return int((factored + vectors / shard) * grad_bytes)
+        return int((factored + vectors / shard) * grad_bytes + outside * setup.weight_bytes / shard)
     raise ValueError(f"unknown optimizer {setup.optimizer!r}")
 
 
@@ -249,14 +267,14 @@ def _weights(shape: ModelShape, setup: Setup, notes: list[str]) -> tuple[float, 
                         f"kept in {rest} bytes (lora.qlora_upcast=false)"))
     else:
         loaded = shape.params * setup.weight_bytes
-    loaded += shape.frozen_params * setup.weight_bytes  # a composite's vision tower etc.: loaded, never trained
+    loaded += shape.outside_params * setup.weight_bytes  # a composite's tower, projector, audio: always loaded
+    trainable, whole = trained_parameters(shape, setup)
     if setup.lora:
-        trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts)
         loaded += trainable * 4  # PEFT keeps adapters in fp32
+        loaded += whole * setup.weight_bytes  # modules_to_save trains a copy beside the frozen original
         grad_bytes = 4
         head_trains = False  # the head is frozen: no weight gradient
     else:
-        trainable = shape.params
         grad_bytes = setup.weight_bytes  # gradients and AdamW states take the parameter dtype
         head_trains = True
     return loaded, trainable, grad_bytes, head_trains
@@ -423,8 +441,10 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     a = BYTES[setup.precision]
 
     loaded, trainable, grad_bytes, head_trains = _weights(shape, setup, notes)
+    whole = trained_parameters(shape, setup)[1]  # LoRA beside a whole tower/projector: their gradients' own dtype
+    gradient_bytes = trainable * grad_bytes + whole * setup.weight_bytes
     weights = int(loaded / shard)
-    gradients = trainable * grad_bytes // shard
+    gradients = gradient_bytes // shard
     optimizer = optimizer_state_bytes(shape, setup)
     if setup.optimizer in EIGHT_BIT_OPTIMIZERS:
         library = "torchao, sharded with the weights" if setup.fsdp else "bitsandbytes, CUDA"
@@ -442,13 +462,15 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     activations, logits = activations_and_logits(shape, setup, tokens, grad_bytes, head_trains)
 
     transient = forward_transients(shape, setup, trainable, grad_bytes, head_trains, notes)
+    if whole and setup.processes > 1 and not setup.fsdp:
+        transient += whole * setup.weight_bytes  # their DDP gradient buckets, beside the adapters'
     if setup.device == "cpu":
         notes.append("CPU: the runtime overhead includes ~0.25 GiB of glibc heap slack; on Linux, "
                      "MALLOC_MMAP_THRESHOLD_=131072 makes freed activations go back to the OS")
 
     # --- the optimizer step's temporaries ---
     if setup.optimizer == "adamw":
-        step_temp = 0 if setup.fused_optimizer else trainable * grad_bytes // shard
+        step_temp = 0 if setup.fused_optimizer else gradient_bytes // shard
     elif setup.optimizer == "adafactor":  # the single-tensor path's full-size variance estimate, one tensor at a time
         step_temp = max(r * c for r, c, _ in _trainable_tensors(shape, setup)[0]) * grad_bytes // shard
     else:
@@ -473,7 +495,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     overhead = int((RUNTIME_OVERHEAD_GIB[setup.device] if overhead_gib is None else overhead_gib) * GIB)
     kv = kv_cache_bytes(shape, eval_tokens or setup.seq_len, setup.micro_batch, a)
     common = dict(weights=weights, optimizer=optimizer, overhead=overhead, eval_kv_cache=kv,
-                  trainable_params=trainable, notes=tuple(notes), host=host)
+                  trainable_params=trainable + whole, notes=tuple(notes), host=host)
     if fwd_bwd >= step:
         return MemoryEstimate(gradients=accumulated, activations=activations, logits=logits, transient=transient,
                               phase="forward/backward", **common)

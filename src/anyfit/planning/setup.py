@@ -92,6 +92,8 @@ class Setup:
     # reduce-scatter before the last micro-batch, so FSDP2 keeps an unsharded fp32 gradient on each rank; off
     # with runtime.fsdp_reduce_every_micro_batch (a reduce-scatter per micro-batch, only shards persist).
     fsdp_unsharded_accumulation: bool = True
+    train_vision: str = "frozen"  # model.train_vision: a composite's vision tower frozen | lora | full
+    train_projector: bool = False  # model.train_projector: a composite's projector trained whole
 
     def __post_init__(self):
         if self.offload and not self.fsdp:
@@ -176,4 +178,5 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  fsdp_unsharded_accumulation=not value("runtime.fsdp_reduce_every_micro_batch"),
                  activation_offload=value("model.activation_offload"), qlora_upcast=cfg.lora.qlora_upcast,
                  tiled_mlp=value("model.tiled_mlp"), sequence_parallel=sequence_parallel,
-                 fused_loss=value("train.fused_loss"))
+                 fused_loss=value("train.fused_loss"), train_vision=cfg.model.train_vision,
+                 train_projector=cfg.model.train_projector)

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from anyfit.model.shape import ModelShape
-from anyfit.planning.memory import offloaded_activation_bytes
+from anyfit.planning.memory import offloaded_activation_bytes, trained_parameters
 from anyfit.planning.presets import PCIE4_GBS, Target
 from anyfit.planning.setup import BYTES, CPU_OPTIMIZER_GBS, DDP_BUCKET_BYTES, OPTIMIZER_STREAM_BYTES, Setup
 
@@ -129,7 +129,7 @@ def communication_seconds(shape: ModelShape, setup: Setup, target: Target, micro
     host_bw = target.host_link_gbs * 1e9
     fwd = micro_compute * forward_share
     bwd = micro_compute - fwd
-    trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) if setup.lora else shape.params
+    trainable = sum(trained_parameters(shape, setup))  # a composite's whole tower/projector counted as adapters
     grad_bytes = 4 if setup.lora else setup.weight_bytes
     if not setup.fsdp:
         ring = 2 * (n - 1) / n
@@ -192,7 +192,7 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
                    + streamed_bytes_per_token(shape, seq_setup) * tokens / (target.bandwidth_gbs * 1e9))
     else:
         compute = flops / (peak * target.efficiency)
-    trainable = shape.lora_params(setup.lora_r, setup.lora_targets, setup.lora_experts) if setup.lora else shape.params
+    trainable = sum(trained_parameters(shape, setup))
     streamed = trainable * OPTIMIZER_STREAM_BYTES[setup.optimizer]
     if setup.offload:  # every rank's shard is updated by the same host's memory system
         optimizer = streamed / (CPU_OPTIMIZER_GBS * 1e9)

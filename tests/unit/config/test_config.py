@@ -45,10 +45,19 @@ def test_key_under_wrong_section_is_suggested():
     ("train.learning_rate=-1", "must be positive"),
     ("train.effective_batch=0", "at least 1"),
     ("nonsense", "key=value"),
+    ("model.train_vision=lora", "model.train_vision=lora .* needs lora.enabled=true"),
+    ("model.train_vision=half", "use one of frozen, lora, full"),
 ])
 def test_bad_values_name_the_key(override, needle):
     with pytest.raises(ConfigError, match=needle):
         load_config(None, [override])
+
+
+@pytest.mark.parametrize("overrides", [["model.train_vision=full"], ["model.train_projector=true"]])
+def test_qlora_refuses_to_train_4bit_vision_weights_whole(overrides):
+    with pytest.raises(ConfigError, match="lora.qlora loads the vision tower and projector in 4-bit") as e:
+        load_config(None, ["lora.qlora=true", *overrides])
+    assert "\n" not in str(e.value)
 
 
 def test_resolved_config_round_trips(tmp_path):

@@ -10,10 +10,11 @@ import torch
 from transformers import AutoConfig, AutoModelForImageTextToText, LlamaConfig
 
 from anyfit.config import ConfigError
-from anyfit.model.composite import freeze_all_but_language, language_prefixes, lora_scope, model_class
+from anyfit.model.composite import language_prefixes, lora_scope, model_class
 from anyfit.model.layers import decoder_stack
 from anyfit.model.loading import find_lora_targets
 from anyfit.model.shape import shape_from_config
+from anyfit.model.vision import freeze_untrained
 
 TEXT = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, head_dim=8)
@@ -65,7 +66,7 @@ def test_only_the_language_model_trains_is_adapted_and_is_the_decoder_stack():
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(mistral3_config())
     vision = sum(p.numel() for n, p in model.named_parameters() if "language_model" not in n and "lm_head" not in n)
-    assert freeze_all_but_language(model) == vision > 0
+    assert freeze_untrained(model) == vision > 0
     assert all(p.requires_grad == ("language_model" in n or "lm_head" in n) for n, p in model.named_parameters())
     assert language_prefixes(model) == ["model.language_model", "lm_head"]
     targets = find_lora_targets(model, "auto")
@@ -83,6 +84,6 @@ def test_the_plan_is_the_language_model_and_the_rest_is_frozen():
     model = AutoModelForImageTextToText.from_config(config)
     shape = shape_from_config(config)
     assert (shape.hidden_size, shape.num_layers, shape.vocab_size) == (32, 2, 64)
-    assert shape.frozen_params == freeze_all_but_language(model)
-    assert shape.params + shape.frozen_params == sum(p.numel() for p in model.parameters())
+    assert shape.outside_params == freeze_untrained(model)
+    assert shape.params + shape.outside_params == sum(p.numel() for p in model.parameters())
     assert "frozen" in shape.describe()
