@@ -52,11 +52,11 @@ def tiny(model_type: str) -> torch.nn.Module:
 
 
 def pixels(model_type: str) -> dict:
-    """Inputs of ``get_image_features`` for the tiny towers: Qwen's flattened 4x4 patches of a 16x16 image over 2
-    frames (3 channels x 2 x 4 x 4 = 96 values per patch, a 1 x 4 x 4 grid), Gemma-3's one 32x32 image."""
+    """Inputs of ``get_image_features`` for the tiny towers: Qwen's flattened 8x8 patches of a 32x32 image over 2
+    frames (3 channels x 2 x 8 x 8 = 384 values per patch, a 1 x 4 x 4 grid), Gemma-3's one 32x32 image."""
     g = torch.Generator().manual_seed(1)
     if model_type == "qwen3_5":
-        return dict(pixel_values=torch.randn(16, 96, generator=g), image_grid_thw=torch.tensor([[1, 4, 4]]))
+        return dict(pixel_values=torch.randn(16, 384, generator=g), image_grid_thw=torch.tensor([[1, 4, 4]]))
     return dict(pixel_values=torch.randn(1, 3, 32, 32, generator=g))
 
 
