@@ -72,6 +72,10 @@ RULES: dict[str, Rule] = {
     "model.attn_implementation": _apply("the same attention, another kernel (anyfit refuses one that is not exact)"),
     "model.gradient_checkpointing": _apply(_SAVER), "model.checkpoint_every": _apply(_SAVER),
     "model.activation_offload": _apply(_SAVER), "model.tiled_mlp": _apply(_SAVER),
+    "model.train_vision": _refuse("it decides which weights train: the checkpoint's optimizer state (and an "
+                                  "adapter's tensors) hold the others"),
+    "model.train_projector": _refuse("it decides which weights train: the checkpoint's optimizer state (and an "
+                                     "adapter's tensors) hold the others"),
     "model.keep_unloaded_tensors": _apply("the checkpoints and final model written from now on keep or drop the "
                                           "tensors the model does not load, as it says (read from the source)"),
     # lora
