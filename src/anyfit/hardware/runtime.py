@@ -319,11 +319,13 @@ def inference_policy(device: str = "auto", dtype: str | torch.dtype = "auto", hw
 
 
 def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, trackers: list[str] = (),
-                     logging_dir: str | None = None):
+                     logging_dir: str | None = None, unused_parameters: bool = False):
     """HF Accelerate told the policy: the device, mixed precision, torch.compile settings when asked (inductor
-    with dynamic shapes: packed rows change length every step), and the experiment trackers to log to."""
+    with dynamic shapes: packed rows change length every step), and the experiment trackers to log to.
+    ``unused_parameters``: trained weights that some micro-batches do not reach (a vision tower that trains, under
+    a batch of text records), which DDP must be told of (its ``find_unused_parameters``)."""
     from accelerate import Accelerator
-    from accelerate.utils import TorchDynamoPlugin
+    from accelerate.utils import DistributedDataParallelKwargs, TorchDynamoPlugin
 
     refusal = deepspeed_launch_refusal()
     if refusal:
@@ -332,8 +334,10 @@ def make_accelerator(policy: RuntimePolicy, compile_model: bool = False, tracker
     # a torchrun restart on one machine: the process group on this attempt's own keys (anyfit.hardware.elastic)
     init_restarted_process_group("gloo" if policy.device == "cpu" else "nccl")
     dynamo = TorchDynamoPlugin(backend="inductor", dynamic=True) if compile_model else None
+    handlers = [DistributedDataParallelKwargs(find_unused_parameters=True)] if unused_parameters else None
     accelerator = Accelerator(cpu=policy.device == "cpu", mixed_precision=policy.mixed_precision, dynamo_plugin=dynamo,
-                              log_with=list(trackers) or None, project_dir=logging_dir if trackers else None)
+                              log_with=list(trackers) or None, project_dir=logging_dir if trackers else None,
+                              kwargs_handlers=handlers)
     # Accelerate keeps one state per Python process: a Trainer built earlier in the same process (a notebook)
     # fixes the mixed precision for every later Accelerator, which would silently train in another precision.
     if accelerator.mixed_precision != policy.mixed_precision:

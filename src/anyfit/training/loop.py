@@ -104,7 +104,9 @@ def train(cfg: Config, policy: RuntimePolicy | None = None, echo=print, loss_fn=
     does, after the run)."""
     policy = policy or resolve_runtime(cfg.runtime, qlora=cfg.lora.qlora)
     trackers = requested_trackers(cfg.train.report_to)
-    accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"))
+    accelerator = make_accelerator(policy, cfg.runtime.compile, trackers, str(Path(cfg.train.output_dir) / "logs"),
+                                   # a tower or projector that trains gets no gradient from a batch of text records
+                                   unused_parameters=cfg.model.train_vision != "frozen" or cfg.model.train_projector)
     # one run per folder: the main process holds its lock until the run ends, so a second run started on the same
     # folder stops at once instead of writing its checkpoints between this one's
     with RunLock(Path(cfg.train.output_dir), enabled=accelerator.is_main_process):
