@@ -88,3 +88,21 @@ def test_ids_tensors_and_loss_are_the_processors_and_the_models_own(family, tmp_
         one = model(**own, labels=torch.tensor([labels])).loss * sum(l != IGNORE_INDEX for l in labels[1:])
         two = model(input_ids=torch.tensor([text["input_ids"]]), labels=torch.tensor([text["labels"]])).loss * 3
     torch.testing.assert_close(summed.detach(), one + two, rtol=1e-5, atol=1e-4)
+
+
+def test_a_part_before_the_first_image_is_a_text_example(tmp_path):
+    """Qwen3.5's template renders an earlier turn's think block otherwise once the conversation goes on, so each
+    assistant turn is an example of its own: the first, before the record's image, holds no image; the second
+    holds it. Both collate in one batch."""
+    _, tokenizer, images = _setup("qwen3_5")
+    refs = _images(tmp_path, [(64, 48)])
+    messages = [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi."},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "And this?"}]},
+                {"role": "assistant", "content": "A square."}]
+    (result,) = tokenize_each([Example(kind="messages", messages=messages, images=refs)], tokenizer,
+                              DataConfig(path="unused"), images)
+    assert len(result.parts) == 2 and result.vision[0] is None and len(result.vision[1]["images"]) == 1
+    rows = [{"input_ids": ids, "labels": labels, **({"vision": v} if v else {})}
+            for (_, ids, labels, _), v in zip(result.parts, result.vision)]
+    batch = collate(rows, tokenizer.pad_token_id, images=ImageBatches(images))
+    assert batch["image_inputs"]["image_grid_thw"].shape[0] == 1

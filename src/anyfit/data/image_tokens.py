@@ -79,10 +79,11 @@ class ImageTokens:
                             "prompt) with image parts.")
 
     def tokens(self, example: Example, texts: list[str], pairs: list[tuple[list[int], list[int]]]
-               ) -> list[tuple[list[int], list[int], dict]]:
+               ) -> list[tuple[list[int], list[int], dict | None]]:
         """(ids, labels, vision) of each part of an image record: the processor's ids for the part's text (``texts``,
         as the chat template rendered it) and images, the labels of the text pipeline's ``pairs`` carried onto them,
-        and what the batch workers need (the text, the part's images, where its last image token is)."""
+        and what the batch workers need (the text, the part's images, where its last image token is; None for a
+        part before the record's first image, which is text)."""
         self.check(example)
         wheres = [f"{example.place}: image {k + 1} ({ref.describe()})" for k, ref in enumerate(example.images)]
         sizes = [image_size(ref, where) for ref, where in zip(example.images, wheres)]
@@ -102,7 +103,7 @@ class ImageTokens:
                                 "cannot be trained exactly; put the image in a user message, or text between it and "
                                 "the answer.")
             vision = {"text": text, "images": list(example.images[:n]), "sha256": digests[:n],
-                      "image_tokens": carried.image_tokens, "last_image_token": carried.last_image_token}
+                      "image_tokens": carried.image_tokens, "last_image_token": carried.last_image_token} if n else None
             out.append((_padded_ids(text_ids, ids, carried), carried.labels, vision))
         return out
 

@@ -72,9 +72,10 @@ class Packed:
             raise AssertionError("a label differs from its token id; the token store cannot hold it")
         digests = record_digests(records, len(records))
         for k, result in enumerate(batch):  # an image record's digest covers its images' bytes
-            if result.vision:
-                digests[k] = np.uint64(int(hashlib.sha256(digests[k].tobytes() + "".join(
-                    result.vision[-1]["sha256"]).encode()).hexdigest()[:16], 16))
+            images = max((v["sha256"] for v in result.vision if v), key=len, default=None)
+            if images:
+                digests[k] = np.uint64(int(hashlib.sha256(digests[k].tobytes() + "".join(images).encode()).hexdigest()
+                                           [:16], 16))
         return Packed(owners, np.fromiter((r[0] for r in results), dtype=np.uint8, count=len(results)), lengths, ids,
                        mask.astype(np.uint8), np.fromiter((r[3] for r in results), dtype=np.int32, count=len(results)),
                        findings, digests, source_names.record_sources(records, column),
@@ -154,8 +155,8 @@ class Writer:
         example_source = np.asarray(self.record_source, dtype=np.int16)[
             np.asarray(self.part_record, dtype=np.int64)[np.asarray(self.part_example) >= 0]] \
             if self.sources.column else np.zeros(0, np.int16)
-        for name, values in (("offsets", self.offsets), ("trainable", self.trainable), ("part_record", self.part_record),
-                             ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts),
+        for name, values in (("offsets", self.offsets), ("trainable", self.trainable),
+                             ("part_record", self.part_record), ("part_fate", self.fates), ("part_example", self.part_example), ("part_cut", self.cuts),
                              ("example_source", example_source),
                              ("vision_offsets", self.vision_offsets if with_images else []),
                              ("example_images", self.image_counts if with_images else []),
