@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import inspect
 import io
 import os
 import re
@@ -334,9 +335,8 @@ def load_image(ref: ImageRef, where: str) -> PIL.Image.Image:
     collator), takes the first frame of an animation in silence, clips 16-bit and float pixels to 8 bits, drops
     an alpha channel onto black where the image processors composite it onto white, and fetches a URL on every
     call. Its steps are kept: ``PIL.ImageOps.exif_transpose``, then RGB as the processors make it
-    (``transformers.image_transforms.convert_to_rgb``: transparency onto white; CMYK, L, 1, P by PIL's convert)."""
-    from PIL import Image, ImageOps
-    from transformers.image_transforms import convert_to_rgb
+    (``rgb_as_processors_make_it``: transparency onto white at transformers 5.21+; CMYK, L, 1, P by PIL's convert)."""
+    from PIL import ImageOps
 
     image = opened = _open(ref, where)
     try:
@@ -357,7 +357,7 @@ def load_image(ref: ImageRef, where: str) -> PIL.Image.Image:
             opened = None if image is opened else opened  # the image returned stays open
             return image
         try:
-            return Image.fromarray(convert_to_rgb(image, return_numpy=True))
+            return rgb_as_processors_make_it(image)
         except (ValueError, OSError) as e:
             raise DataError(f"{where} has PIL mode {image.mode}, which cannot be made RGB ({e}); save it as RGB "
                             "(PNG or JPEG).") from None
@@ -367,6 +367,17 @@ def load_image(ref: ImageRef, where: str) -> PIL.Image.Image:
 
 
 _MODES = {"I": "32-bit or 16-bit integer", "F": "32-bit float"}
+
+
+def rgb_as_processors_make_it(image: PIL.Image.Image) -> PIL.Image.Image:
+    """``image`` in RGB exactly as the installed transformers' image processors make it (``convert_to_rgb``: since
+    5.21 transparency is composited onto white; before, PIL's own ``convert`` drops it)."""
+    from PIL import Image
+    from transformers.image_transforms import convert_to_rgb
+
+    if "return_numpy" in inspect.signature(convert_to_rgb).parameters:
+        return Image.fromarray(convert_to_rgb(image, return_numpy=True))
+    return convert_to_rgb(image)
 
 
 def image_size(ref: ImageRef, where: str) -> tuple[int, int]:

@@ -43,7 +43,8 @@ def processor_of(config, folder: str, tokenizer, name: str, *, revision: str | N
         processor = AutoProcessor.from_pretrained(folder, tokenizer=tokenizer, revision=revision,
                                                   trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError, TypeError) as e:
-        return None, f"the processor of {name} could not be loaded ({' '.join(str(e).split())[:300]})"
+        fix = "; install torchvision (pip install 'anyfit[vision]')" if "orchvision" in str(e) else ""
+        return None, f"the processor of {name} could not be loaded ({' '.join(str(e).split())[:300]}){fix}"
     if not hasattr(processor, "image_processor"):
         return None, f"{name}'s processor ({type(processor).__name__}) has no image processor"
     return processor, ""
