@@ -156,3 +156,31 @@ def test_packed_image_rows_train_as_padded_ones(family, tmp_path):
                            if "loss" in json.loads(line)]
     assert len(losses["true"]) == 3
     torch.testing.assert_close(torch.tensor(losses["true"]), torch.tensor(losses["false"]), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.multiprocess
+def test_a_parallel_build_of_image_records_gives_the_same_store(tmp_path):
+    """Image records tokenized over data.num_proc worker processes (each with the model's processor) give the store
+    one process gives: ids, masks and the image records byte for byte."""
+    from anyfit.config import load_config
+    from anyfit.data.image_tokens import ImageTokens
+    from anyfit.data.store import BATCH_RECORDS, open_or_build
+    from anyfit.model.processor import load_processor
+    from anyfit.model.tokenizer import load_tokenizer
+
+    model = _model("gemma3")
+    folder = tmp_path / "data"
+    write_image_data(folder, n=4)
+    lines = (folder / "data.jsonl").read_text().splitlines()
+    (folder / "data.jsonl").write_text("\n".join(lines[i % 4] for i in range(BATCH_RECORDS + 40)) + "\n")
+    stores = []
+    for workers in (1, 2):
+        cfg = load_config(None, [f"model.name_or_path={model}", f"data.path={folder / 'data.jsonl'}",
+                                 f"data.cache_dir={tmp_path / str(workers)}", f"data.num_proc={workers}"])
+        tokenizer = load_tokenizer(cfg.model)
+        stores.append(open_or_build(cfg.data, tokenizer, echo=lambda *a: None,
+                                    images=ImageTokens(*load_processor(cfg.model, tokenizer))))
+    one, two = stores
+    assert one.report.images == two.report.images > BATCH_RECORDS
+    for name in ("input_ids", "loss_mask", "offsets", "vision", "vision_offsets", "example_images", "record_digest"):
+        assert (one.folder / f"{name}.bin").read_bytes() == (two.folder / f"{name}.bin").read_bytes(), name
