@@ -208,6 +208,10 @@ _LLAMA_LIKE = {
     "llama": ("attention_bias", "attention_bias", "mlp_bias", False),
     "mistral": (False, False, False, False),
     "qwen2": (True, False, False, False),
+    # Qwen2-VL's and Qwen2.5-VL's language models: Qwen2's layers (M-RoPE changes no weight); transformers maps no
+    # AutoModelForCausalLM to their text configs, so the meta-device count below cannot build them
+    "qwen2_vl_text": (True, False, False, False),
+    "qwen2_5_vl_text": (True, False, False, False),
     "qwen3": ("attention_bias", "attention_bias", False, True),
     "gemma": ("attention_bias", "attention_bias", False, False),
 }
