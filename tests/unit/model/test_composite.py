@@ -99,5 +99,5 @@ def test_qwen_vl_language_models_are_planned_by_formula(model_type, vision):
     config = AutoConfig.for_model(model_type, text_config=dict(TEXT), vision_config=vision)
     model = AutoModelForImageTextToText.from_config(config)
     shape = shape_from_config(config)
-    assert shape.params + shape.frozen_params == sum(p.numel() for p in model.parameters())
-    assert shape.frozen_params == freeze_all_but_language(model)
+    assert shape.params + shape.outside_params == sum(p.numel() for p in model.parameters())
+    assert shape.outside_params == freeze_untrained(model)
