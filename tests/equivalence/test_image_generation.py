@@ -139,3 +139,21 @@ def test_anyfit_eval_grades_held_out_image_questions(tmp_path):
     assert [r["gold"] for r in rows] == ["1", "2", "3"]
     assert [r["images"] for r in rows] == [[str(data / "images" / f"{k}.png")] for k in range(3)]
     assert all(r["prompt"].count("<|image_pad|>") == 1 for r in rows)  # shown with its placeholder, not expanded
+
+
+def test_anyfit_generate_takes_images_on_the_command_line(tmp_path, capsys):
+    """``anyfit generate --image PATH --prompt TEXT``: the image before the prompt's text in one user message, as
+    training lays it out; the same tokens as the backend given that record's prompt (greedy)."""
+    from vlm_fixtures import make_image
+
+    if why := missing_for("qwen3_5"):
+        pytest.skip(why)
+    folder = built_vlm("qwen3_5")
+    make_image(64, 48).save(tmp_path / "cat.png")
+    assert main(["generate", "--model", str(folder), "--prompt", "What is this?", "--image", str(tmp_path / "cat.png"),
+                 "--max-new-tokens", "4", "--device", "cpu", "--jsonl"]) == 0
+    out = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert len(out) == 1 and out[0]["num_tokens"] == 4
+    assert main(["generate", "--model", str(folder), "--prompt", "What?", "--image", str(tmp_path / "gone.png"),
+                 "--device", "cpu"]) != 0
+    assert "gone.png" in capsys.readouterr().err

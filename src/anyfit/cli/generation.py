@@ -93,13 +93,29 @@ def cmd_generate(args) -> int:
         raise ConfigError(str(e)) from None
     backend = make_backend(args.model, args.backend, args.device, args.batch_size, merge_lora=args.merge_lora,
                            seed=args.seed)
-    for i, (prompt, c) in enumerate(zip(prompts, backend.generate(prompts, params))):
+    asked = [with_images(p, args.image, backend, layout) for p in prompts] if args.image else prompts
+    for i, (prompt, c) in enumerate(zip(prompts, backend.generate(asked, params))):
         if args.jsonl:
             print(json.dumps({"prompt": prompt, "completion": c.text, "num_tokens": c.num_tokens,
                               "finish_reason": c.finish_reason}, ensure_ascii=False))
         else:
             print(f"### prompt {i + 1}: {prompt}\n{c.text}\n[{c.num_tokens} tokens, {c.finish_reason}]\n")
     return 0
+
+
+def with_images(prompt: str, images: list[str], backend, layout):
+    """``prompt`` as a user message with ``images`` before its text, laid out as training lays out an image record
+    (the chat template, then the model's processor)."""
+    # start-up time: the data pipeline and the image processor load only when images are given
+    from anyfit.data.formats import Example
+    from anyfit.data.images import image_ref
+    from anyfit.evaluation.image_prompts import example_prompt
+
+    refs = tuple(image_ref(path, f"--image {path}", None) for path in images)  # relative: the current directory
+    parts = [{"type": "image"} for _ in refs] + [{"type": "text", "text": prompt}]
+    example = Example("prompt_completion", prompt=[{"role": "user", "content": parts}], completion="", images=refs,
+                      origin="--prompt")
+    return example_prompt(example, backend.tokenizer, layout.data_config(), backend.images)
 
 
 def trained_on_a_mix(run_config: Path) -> bool:
@@ -156,6 +172,9 @@ def register(sub) -> None:
     p.add_argument("--model", required=True, help="Hub id, model folder, or a training output folder (full or LoRA).")
     p.add_argument("--prompt", action="append", default=[], help="A prompt (repeatable).")
     p.add_argument("--file", help="Prompts, one per line, or JSON lines with a 'prompt' field.")
+    p.add_argument("--image", action="append", default=[],
+                   help="An image (path or URL; repeatable) shown before each prompt's text, for a vision-language "
+                        "model (its chat template and processor, as in training).")
     p.add_argument("--raw", action="store_true", help="Give the prompts as raw text, without the chat template.")
     p.add_argument("--system-prompt", help="System message for the chat template.")
     p.add_argument("--device", choices=("auto", "cuda", "mps", "cpu"), default="auto", help="auto: cuda > mps > cpu.")
