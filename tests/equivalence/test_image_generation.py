@@ -157,3 +157,25 @@ def test_anyfit_generate_takes_images_on_the_command_line(tmp_path, capsys):
     assert main(["generate", "--model", str(folder), "--prompt", "What?", "--image", str(tmp_path / "gone.png"),
                  "--device", "cpu"]) != 0
     assert "gone.png" in capsys.readouterr().err
+
+
+def test_anyfit_plan_says_what_one_large_image_costs_of_the_sequence(tmp_path, capsys):
+    """``anyfit plan`` on a vision-language model: the tokens a 4096x4096 image takes, measured with its processor
+    (the count transformers' own apply_chat_template gives, with and without the image)."""
+    from PIL import Image
+
+    if why := missing_for("gemma3"):
+        pytest.skip(why)
+    folder = built_vlm("gemma3")
+    config = tmp_path / "plan.yaml"
+    config.write_text(f"model: {{name_or_path: {folder}}}\ndata: {{path: x.jsonl, max_length: 512}}\n")
+    assert main(["plan", str(config), "--device", "t4"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("images:"))
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(folder)
+    text = {"type": "text", "text": "anyfit-probe"}
+    with_image = processor.apply_chat_template([{"role": "user", "content": [
+        {"type": "image", "image": Image.new("RGB", (4096, 4096))}, text]}], tokenize=True, return_dict=True)
+    plain = processor.apply_chat_template([{"role": "user", "content": [text]}], tokenize=True, return_dict=True)
+    assert f"takes {len(with_image['input_ids'][0]) - len(plain['input_ids'][0])} tokens through Gemma3Processor" in line

@@ -40,7 +40,34 @@ def cmd_plan(args) -> int:
     else:
         print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples,
                           micro_batch=args.micro_batch))
+        if line := image_budget(cfg):
+            print(line)
     return 0
+
+
+def image_budget(cfg) -> str | None:
+    """For a vision-language model: what one large image costs of data.max_length (measured with the model's own
+    processor, where it is on this machine); None for a text model."""
+    # start-up time: the tokenizer and the processor load only for this line
+    from anyfit.data.image_tokens import ImageTokens
+    from anyfit.model.composite import is_composite
+    from anyfit.model.processor import load_processor
+    from anyfit.model.shape import load_model_config
+    from anyfit.model.tokenizer import load_tokenizer
+
+    config = load_model_config(cfg.model)
+    if not is_composite(config) or getattr(config, "vision_config", None) is None:
+        return None
+    try:
+        processor, why = load_processor(cfg.model, load_tokenizer(cfg.model))
+    except (OSError, ValueError) as e:  # not downloaded (no hub here), or not loadable
+        processor, why = None, " ".join(str(e).split())[:200]
+    if processor is None:
+        return (f"images: the model's processor is not available here to count image tokens ({why}); "
+                "`anyfit download CONFIG` first")
+    n = ImageTokens(processor).largest_image()
+    return (f"images: a 4096x4096 image takes {n:,} tokens through {type(processor).__name__} (its own resize), "
+            f"counted in data.max_length={cfg.data.max_length:,} with the text; the planned sequence holds them")
 
 
 def register(sub) -> None:

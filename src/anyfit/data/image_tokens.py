@@ -67,6 +67,16 @@ class ImageTokens:
         end = len(a) - next((k for k, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y), len(b))
         return a[start:max(start, end)]
 
+    def largest_image(self, side: int = 4096) -> int:
+        """The tokens one ``side`` x ``side`` image takes in a user message (its placeholder and everything the
+        processor expands it into), measured with the processor itself: its own resize caps it (Qwen's max_pixels,
+        Idefics3's and Pixtral's longest edge; Gemma-3's and LLaVA's fixed size), so no per-family rule is needed."""
+        tok = self.processor.tokenizer
+        with_image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "anyfit-probe"}]}]
+        plain = [{"role": "user", "content": [{"type": "text", "text": "anyfit-probe"}]}]
+        texts = [tok.apply_chat_template(m, tokenize=False) for m in (with_image, plain)]
+        return len(self.ids(texts[0], [(side, side)], "a probe")) - len(self.ids(texts[1], [], "a probe"))
+
     def check(self, example: Example) -> None:
         """A DataError for an image record this model cannot train."""
         if self.processor is None:
