@@ -26,7 +26,7 @@ import numpy as np
 from offline_assets import unzip_tokenizer
 from PIL import Image
 
-FAMILIES = ("qwen3_5", "qwen2_5_vl", "gemma3", "mistral3", "idefics3", "llava")
+FAMILIES = ("qwen3_5", "qwen2_5_vl", "qwen3_vl", "gemma3", "mistral3", "idefics3", "llava")
 TEMPLATES = Path(__file__).parent / "data" / "vlm_templates"
 KEEP = 1000  # tokens of the shipped vocabulary a cut tokenizer keeps (the bytes and the first merges)
 
@@ -48,6 +48,11 @@ def composite_parts(model_type: str) -> dict:
         # M-RoPE: the 4 rotary frequencies of an 8-wide head split over (time, height, width), as [16, 24, 24] of 64
         "qwen2_5_vl": dict(text=dict(rope_parameters=dict(rope_type="default", rope_theta=1e6, mrope_section=[2, 1, 1])),
                            vision_config=dict(_VISION_QWEN, window_size=32, fullatt_block_indexes=[0])),
+        # Qwen3-VL: interleaved M-RoPE over (time, height, width), the tower's first layer also fed to the decoder
+        # (DeepStack)
+        "qwen3_vl": dict(text=dict(rope_parameters=dict(rope_type="default", rope_theta=5e6, mrope_section=[2, 1, 1],
+                                                        mrope_interleaved=True)),
+                         vision_config=dict(_VISION_QWEN, num_position_embeddings=16, deepstack_visual_indexes=[0])),
         "gemma3": dict(text=dict(query_pre_attn_scalar=8, sliding_window=16), mm_tokens_per_image=4,
                        # no attention-pooling head, as in Gemma-3's own config: the model never reads it
                        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
@@ -107,9 +112,10 @@ STAND_INS = {
     "llava": StandIn(("<unk>", "<s>", "</s>", "<image>", "<pad>"), eos="</s>", pad="<pad>", bos="<s>", add_bos=True,
                      named={"image_token": "<image>"}),
 }
-SHIPPED = {"qwen3_5": "qwen-3.5", "qwen2_5_vl": "qwen2.5-vl-3b-instruct-awq"}  # the rest stand in on qwen-2.5
+# Qwen3-VL's own tokenizer is not shipped: Qwen3.5's (the same vision tokens, its successor's template) stands in
+SHIPPED = {"qwen3_5": "qwen-3.5", "qwen2_5_vl": "qwen2.5-vl-3b-instruct-awq", "qwen3_vl": "qwen-3.5"}  # the rest stand in on qwen-2.5
 # transformers' processors of these families need torchvision (Qwen's for its video processor, Pixtral's outright)
-TORCHVISION = frozenset({"qwen3_5", "qwen2_5_vl", "mistral3"})
+TORCHVISION = frozenset({"qwen3_5", "qwen2_5_vl", "qwen3_vl", "mistral3"})
 
 
 def missing_for(family: str) -> str | None:
@@ -185,14 +191,14 @@ def _processor(family: str, tok, template: str):
     small."""
     import transformers as tf
 
-    if family in ("qwen3_5", "qwen2_5_vl"):
+    if family in ("qwen3_5", "qwen2_5_vl", "qwen3_vl"):
         p = _VISION_QWEN["patch_size"] * _VISION_QWEN["spatial_merge_size"]
         # 64x48 pixels -> 6x8 patches of 8 -> 3x4 = 12 image tokens (max_pixels caps larger images at 64x64)
         image = tf.Qwen2VLImageProcessorPil(min_pixels=p * p, max_pixels=64 * 64, patch_size=_VISION_QWEN["patch_size"],
                                             merge_size=_VISION_QWEN["spatial_merge_size"],
                                             temporal_patch_size=_VISION_QWEN["temporal_patch_size"])
         # Qwen's processors hold a video processor too (which needs torchvision), sized as the image one
-        video_cls, cls = ((tf.Qwen3VLVideoProcessor, tf.Qwen3VLProcessor) if family == "qwen3_5"
+        video_cls, cls = ((tf.Qwen3VLVideoProcessor, tf.Qwen3VLProcessor) if family in ("qwen3_5", "qwen3_vl")
                           else (tf.Qwen2VLVideoProcessor, tf.Qwen2_5_VLProcessor))
         video = video_cls(size={"shortest_edge": p * p, "longest_edge": 64 * 64}, patch_size=_VISION_QWEN["patch_size"],
                           merge_size=_VISION_QWEN["spatial_merge_size"],

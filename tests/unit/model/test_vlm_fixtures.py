@@ -12,10 +12,12 @@ from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor,
 from vlm_fixtures import FAMILIES, built_vlm, chat_template, make_image, missing_for, write_image
 
 # The processor class each family's folder loads as, and the image tokens one 64x48 image becomes.
-PROCESSOR = {"qwen3_5": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "gemma3": "Gemma3Processor",
+PROCESSOR = {"qwen3_5": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",
+             "gemma3": "Gemma3Processor",
              "mistral3": "PixtralProcessor", "idefics3": "Idefics3Processor", "llava": "LlavaProcessor"}
 IMAGE_TOKENS = {"qwen3_5": 12,  # 6x8 patches of 8 pixels, merged 2x2
                 "qwen2_5_vl": 12,
+                "qwen3_vl": 12,
                 "gemma3": 4,  # mm_tokens_per_image, whatever the image's size
                 "mistral3": 12,  # 3x4 merged patches, plus an [IMG_BREAK] per row but the last, then [IMG_END]
                 "idefics3": 20,  # 2x2 tiles of 32 and the whole image, 4 tokens each
@@ -24,6 +26,7 @@ IMAGE_TOKENS = {"qwen3_5": 12,  # 6x8 patches of 8 pixels, merged 2x2
 # bidirectional attention over each image token_type_ids, Pixtral the images' sizes, Idefics3 the tiles' masks.
 KEYS = {"qwen3_5": {"mm_token_type_ids", "pixel_values", "image_grid_thw"},
         "qwen2_5_vl": {"mm_token_type_ids", "pixel_values", "image_grid_thw"},
+        "qwen3_vl": {"mm_token_type_ids", "pixel_values", "image_grid_thw"},
         "gemma3": {"token_type_ids", "pixel_values"}, "mistral3": {"pixel_values", "image_sizes"},
         "idefics3": {"pixel_values", "pixel_attention_mask"}, "llava": {"pixel_values"}}
 
@@ -112,7 +115,8 @@ def test_the_folder_is_a_checkpoint_of_the_family(family):
     config = AutoConfig.from_pretrained(folder)
     assert config.model_type == family
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    image_token = {"qwen3_5": "<|image_pad|>", "qwen2_5_vl": "<|image_pad|>", "gemma3": "<image_soft_token>",
+    image_token = {"qwen3_5": "<|image_pad|>", "qwen2_5_vl": "<|image_pad|>", "qwen3_vl": "<|image_pad|>",
+                   "gemma3": "<image_soft_token>",
                    "mistral3": "[IMG]", "idefics3": "<image>", "llava": "<image>"}[family]
     assert tokenizer.convert_tokens_to_ids(image_token) == config.image_token_id
     assert config.get_text_config().vocab_size == len(tokenizer) < 1100
