@@ -13,6 +13,7 @@ For each family (tiny random-init models from transformers' own configs, windows
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import pytest
 import torch
@@ -49,7 +50,8 @@ def _relative(got: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def _decide(model, examples):
-    return choose_packing(model, examples, pad_id=0, max_length=64, device="cpu", compute_dtype=torch.float32,
+    return choose_packing(model, examples, rows=functools.partial(collate, pad_id=0), max_length=64, device="cpu",
+                          compute_dtype=torch.float32,
                           autocast=contextlib.nullcontext)
 
 
@@ -138,7 +140,7 @@ def test_self_test_of_a_compiled_model_compiles_nothing():
 
 def test_skipping_the_self_test_says_so():
     register()
-    verdict = choose_packing(tiny_model("mistral", "anyfit_varlen"), _examples(), 0, 64, "cpu", torch.float32,
+    verdict = choose_packing(tiny_model("mistral", "anyfit_varlen"), _examples(), functools.partial(collate, pad_id=0), 64, "cpu", torch.float32,
                              check=False)
     assert verdict.packed and "not self-tested" in verdict.line
 
@@ -154,7 +156,8 @@ def test_packed_equals_padded_on_cuda_in_bf16(family):
     examples = _examples()
     model = tiny_model(family, "anyfit_varlen").cuda()
     autocast = lambda: torch.autocast("cuda", dtype=torch.bfloat16)  # noqa: E731
-    verdict = choose_packing(model, examples, 0, 64, "cuda", torch.bfloat16, autocast)
+    verdict = choose_packing(model, examples, functools.partial(collate, pad_id=0), 64, "cuda", torch.bfloat16,
+                             autocast)
     assert verdict.packed and verdict.attention == "anyfit_varlen", verdict.line
     reference = tiny_model(family).cuda()
     micro = [examples[:2], examples[2:5], examples[5:]]

@@ -38,34 +38,35 @@ class ImageBatches:
 
     def __call__(self, examples: list[dict], width: int) -> dict[str, torch.Tensor]:
         """The image inputs of a padded micro-batch of ``examples`` (``width`` tokens per row)."""
-        rows, out, valid = self._processed(examples)
-        inputs: dict[str, Any] = {}
-        for key, value in out.items():
-            if key in _TEXT_KEYS:
-                continue
-            if isinstance(value, torch.Tensor) and value.shape[:2] == out["input_ids"].shape:  # per token
-                laid = torch.zeros((len(examples), width), dtype=value.dtype)
-                for k, r in enumerate(rows):
-                    laid[r, :len(examples[r]["input_ids"])] = _own(value[k][valid[k]], len(examples[r]["input_ids"]))
-                inputs[key] = laid
-            else:
-                inputs[key] = value
-        return inputs
+        def padded(own: dict[int, torch.Tensor], dtype) -> torch.Tensor:
+            laid = torch.zeros((len(examples), width), dtype=dtype)
+            for r, values in own.items():
+                laid[r, :len(values)] = values
+            return laid
+
+        return self._inputs(examples, padded)
 
     def packed(self, examples: list[dict]) -> dict[str, torch.Tensor]:
         """The image inputs of ``examples`` packed into one row, in order: the images as the processor batches
         them (every family's forward places an image's features at its tokens in order), each per-token output laid
         along the row (text examples: zeros)."""
+        def row(own: dict[int, torch.Tensor], dtype) -> torch.Tensor:
+            return torch.cat([own.get(r, torch.zeros(len(ex["input_ids"]), dtype=dtype))
+                              for r, ex in enumerate(examples)])[None]
+
+        return self._inputs(examples, row)
+
+    def _inputs(self, examples: list[dict], lay) -> dict[str, torch.Tensor]:
+        """The processor's outputs but the ids: image tensors as it batches them; each per-token output as
+        ``lay(row -> that example's values at its store length, dtype)`` lays them out."""
         rows, out, valid = self._processed(examples)
         inputs: dict[str, Any] = {}
         for key, value in out.items():
             if key in _TEXT_KEYS:
                 continue
             if isinstance(value, torch.Tensor) and value.shape[:2] == out["input_ids"].shape:  # per token
-                own = dict(zip(rows, (value[k][valid[k]] for k in range(len(rows)))))
-                inputs[key] = torch.cat([_own(own[r], len(ex["input_ids"])) if r in own else
-                                         torch.zeros(len(ex["input_ids"]), dtype=value.dtype)
-                                         for r, ex in enumerate(examples)])[None]
+                own = {r: _own(value[k][valid[k]], len(examples[r]["input_ids"])) for k, r in enumerate(rows)}
+                inputs[key] = lay(own, value.dtype)
             else:
                 inputs[key] = value
         return inputs

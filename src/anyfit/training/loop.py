@@ -85,11 +85,12 @@ def start_up_checks(parts: Parts, examples) -> tuple[PackingVerdict | None, Infe
     cfg, policy, acc, pad_id = parts.cfg, parts.policy, parts.accelerator, parts.tokenizer.pad_token_id
     packing = None
     images = ImageBatches(parts.images) if getattr(parts.images, "processor", None) else None  # the batch workers'
+    rows = functools.partial(collate, pad_id=pad_id, images=images)
     if cfg.train.packing:  # packed rows only where they give what one example at a time gives (training.packing_check)
-        packing = choose_packing(parts.model, examples, pad_id, cfg.data.max_length, acc.device, policy.compute_dtype,
-                                 acc.autocast, check=cfg.train.packing_check, images=images)
+        packing = choose_packing(parts.model, examples, rows, cfg.data.max_length, acc.device, policy.compute_dtype,
+                                 acc.autocast, check=cfg.train.packing_check)
         parts.say(f"[anyfit] {packing.line}")
-    parts.collate = functools.partial(collate, pad_id=pad_id, packed=bool(packing and packing.packed), images=images,
+    parts.collate = functools.partial(rows, packed=bool(packing and packing.packed),
                                       positions=packing.positions if packing else True)
     inference = check_inference(parts.model, examples=examples, collate=parts.collate, pad_id=pad_id,
                                 device=acc.device, compute_dtype=policy.compute_dtype, autocast=acc.autocast,

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from anyfit.data.batching import collate, to_device
+from anyfit.data.batching import to_device
 from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.composite import language_attention
 from anyfit.model.packing import smallest_window, stateful_layers
@@ -126,11 +126,12 @@ def _logits(model: nn.Module, batch: dict, keep: list[int], device) -> torch.Ten
     return model(**inputs, logits_to_keep=kept, use_cache=False).logits[0].float()
 
 
-def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, autocast, images=None,
+def relative_error(model: nn.Module, probes: list[dict], rows, device, autocast,
                    positions: bool = True) -> tuple[float, list[str]]:
     """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each), and the
     kernels ``anyfit_varlen`` ran them on; alone runs through transformers' own attention, packed through the
-    model's current one (``images``, ``positions``: as ``collate`` takes them)."""
+    model's current one (``rows``: ``batching.collate`` with the run's pad id and image processor bound;
+    ``positions``: as ``collate`` takes it)."""
     inner = transformers_model(model)
     current = inner.config._attn_implementation
     starts = np.cumsum([0] + [len(p["input_ids"]) for p in probes])
@@ -139,10 +140,10 @@ def relative_error(model: nn.Module, probes: list[dict], pad_id: int, device, au
     model.eval()
     try:
         with torch.no_grad(), autocast(), kernels_used() as kernels:
-            together = _logits(model, collate(probes, pad_id, packed=True, images=images, positions=positions),
+            together = _logits(model, rows(probes, packed=True, positions=positions),
                                [int(start) + i for start, keep in zip(starts, kept) for i in keep], device)
             inner.set_attn_implementation(language_attention(inner.config, _own_attention(model)))
-            alone = torch.cat([_logits(model, collate([p], pad_id, images=images), keep, device)
+            alone = torch.cat([_logits(model, rows([p]), keep, device)
                                for p, keep in zip(probes, kept)])
     finally:
         inner.set_attn_implementation(language_attention(inner.config, current))
@@ -163,12 +164,13 @@ def agreed_max(values: list[float]) -> list[float]:
     return list(values)
 
 
-def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, device, compute_dtype: torch.dtype,
-                   autocast=contextlib.nullcontext, check: bool = True, images=None) -> PackingVerdict:
-    """Whether and how the run packs its rows: the rule in this module's docstring. Collective under several
-    processes (every process runs the same probes and takes the largest error). Data with images (``images``: the
-    batch workers' ``ImageBatches``) is probed with its image examples, each layout also without position ids (the
-    model's own, e.g. Qwen's M-RoPE from the images), and never packed untested."""
+def choose_packing(model: nn.Module, examples, rows, max_length: int, device, compute_dtype: torch.dtype,
+                   autocast=contextlib.nullcontext, check: bool = True) -> PackingVerdict:
+    """Whether and how the run packs its rows: the rule in this module's docstring. ``rows``: ``batching.collate``
+    with the run's pad id (and, for image data, the batch workers' ``ImageBatches``) bound. Collective under several
+    processes (every process runs the same probes and takes the largest error). Data with images is probed with its
+    image examples, each layout also without position ids (the model's own, e.g. Qwen's M-RoPE from the images), and
+    never packed untested."""
     # Eagerly, under torch.compile's wrapper: through it, the no-grad probes and transformers' own attention would each
     # compile the whole model before the first step (three compilations instead of one; on an H100 the 0.5B model's
     # run had not reached step 1 after a minute). Both compute the same function: the verdict is about attention.
@@ -197,7 +199,7 @@ def choose_packing(model: nn.Module, examples, pad_id: int, max_length: int, dev
     for candidate, positions in layouts:
         inner.set_attn_implementation(language_attention(inner.config, candidate))
         try:
-            error, kernels = relative_error(model, probes, pad_id, device, autocast, images, positions)
+            error, kernels = relative_error(model, probes, rows, device, autocast, positions)
         except NotExactPacked as why:
             error, kernels, reason = float("inf"), [], f"cannot split {why} per example"
         else:

@@ -33,7 +33,8 @@ def _check(model, mode=True, packed: bool | None = None):
     """As set-up runs it: after the packing self-test, with the collate it chose."""
     examples = _examples(model.config.get_text_config().vocab_size)
     if packed is None:
-        packed = choose_packing(model, examples, 0, 64, "cpu", torch.float32, contextlib.nullcontext).packed
+        packed = choose_packing(model, examples, functools.partial(collate, pad_id=0), 64, "cpu", torch.float32,
+                                contextlib.nullcontext).packed
     return check_inference(model, examples, functools.partial(collate, pad_id=0, packed=packed), 0, "cpu",
                            torch.float32, mode=mode)
 
