@@ -106,3 +106,22 @@ def test_a_part_before_the_first_image_is_a_text_example(tmp_path):
             for (_, ids, labels, _), v in zip(result.parts, result.vision)]
     batch = collate(rows, tokenizer.pad_token_id, images=ImageBatches(images))
     assert batch["image_inputs"]["image_grid_thw"].shape[0] == 1
+
+
+def test_an_image_after_the_last_answer_is_refused_not_dropped(tmp_path):
+    """Messages after the last assistant turn are not trained; an image there would be left out without a word,
+    also where the record makes several examples (Qwen3.5): refused in one line."""
+    from anyfit.data.sources import DataError
+
+    _, tokenizer, images = _setup("qwen3_5")
+    refs = _images(tmp_path, [(64, 48), (40, 56)])
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What?"}]},
+                {"role": "assistant", "content": "A square."},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "And this?"}]},
+                {"role": "assistant", "content": "A circle."},
+                {"role": "user", "content": [{"type": "text", "text": "Thanks"}, {"type": "image"}]}]
+    refs = refs + (refs[0],)
+    with pytest.raises(DataError, match=r"writes 2 image\(s\) of the record's 3: .*after the last assistant turn") as e:
+        tokenize_each([Example(kind="messages", messages=messages, images=refs)], tokenizer,
+                      DataConfig(path="unused"), images)
+    assert "\n" not in str(e.value)

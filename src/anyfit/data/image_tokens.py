@@ -56,13 +56,17 @@ class ImageTokens:
         return hashlib.sha256(self.processor.to_json_string().encode()).hexdigest()
 
     @functools.cached_property
+    def probes(self) -> tuple[str, str]:
+        """The chat template's text of a user turn with one image part before its text, and without it."""
+        text = {"type": "text", "text": "anyfit-probe"}
+        return tuple(self.processor.tokenizer.apply_chat_template([{"role": "user", "content": parts}], tokenize=False)
+                     for parts in ([{"type": "image"}, text], [text]))
+
+    @functools.cached_property
     def placeholder(self) -> str:
         """The text the chat template writes for one image part (read from the template: a user turn rendered with
         and without an image), by which the images of an example's text are counted."""
-        tok = self.processor.tokenizer
-        with_image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "anyfit-probe"}]}]
-        plain = [{"role": "user", "content": [{"type": "text", "text": "anyfit-probe"}]}]
-        a, b = (tok.apply_chat_template(m, tokenize=False) for m in (with_image, plain))
+        a, b = self.probes
         start = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
         end = len(a) - next((k for k, (x, y) in enumerate(zip(a[::-1], b[::-1])) if x != y), len(b))
         return a[start:max(start, end)]
@@ -71,11 +75,8 @@ class ImageTokens:
         """The tokens one ``side`` x ``side`` image takes in a user message (its placeholder and everything the
         processor expands it into), measured with the processor itself: its own resize caps it (Qwen's max_pixels,
         Idefics3's and Pixtral's longest edge; Gemma-3's and LLaVA's fixed size), so no per-family rule is needed."""
-        tok = self.processor.tokenizer
-        with_image = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "anyfit-probe"}]}]
-        plain = [{"role": "user", "content": [{"type": "text", "text": "anyfit-probe"}]}]
-        texts = [tok.apply_chat_template(m, tokenize=False) for m in (with_image, plain)]
-        return len(self.ids(texts[0], [(side, side)], "a probe")) - len(self.ids(texts[1], [], "a probe"))
+        with_image, plain = self.probes
+        return len(self.ids(with_image, [(side, side)], "a probe")) - len(self.ids(plain, [], "a probe"))
 
     def check(self, example: Example) -> None:
         """A DataError for an image record this model cannot train."""
@@ -95,14 +96,17 @@ class ImageTokens:
         and what the batch workers need (the text, the part's images, where its last image token is; None for a
         part before the record's first image, which is text)."""
         self.check(example)
-        wheres = [f"{example.place}: image {k + 1} ({ref.describe()})" for k, ref in enumerate(example.images)]
-        sizes = [image_size(ref, where) for ref, where in zip(example.images, wheres)]
-        digests = [ref.digest() for ref in example.images]  # the bytes trained on: checked again when decoded
+        sizes, digests = [], []
+        for k, ref in enumerate(example.images):  # each file read once: its size, and the digest of the bytes trained
+            raw = ref.read_bytes()  # on (checked again when the batch workers decode them)
+            sizes.append(image_size(ImageRef(data=raw), f"{example.place}: image {k + 1} ({ref.describe()})"))
+            digests.append(hashlib.sha256(raw).hexdigest())
         counts = [text.count(self.placeholder) if self.placeholder else 0 for text in texts]
-        if len(counts) == 1 and counts[0] != len(example.images):
-            raise DataError(f"{example.place}: the chat template writes {counts[0]} image(s) of the record's "
-                            f"{len(example.images)} (it leaves out images where it renders no image part, e.g. in "
-                            "a system or assistant message); move the images to user messages.")
+        if max(counts, default=0) != len(example.images):  # the last part holds the images of every earlier one
+            raise DataError(f"{example.place}: the chat template writes {max(counts, default=0)} image(s) of the "
+                            f"record's {len(example.images)}: it leaves out the images of messages after the last "
+                            "assistant turn (nothing there is trained) and where it renders no image part; remove "
+                            "those images, or move them to a user message before an answer.")
         out = []
         for text, (text_ids, text_labels), n in zip(texts, pairs, counts):
             ids = self.ids(text, sizes[:n], example.place)
