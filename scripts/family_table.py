@@ -8,6 +8,7 @@ is current."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import sys
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 from anyfit.config import ConfigError, LoraConfig, load_config
-from anyfit.data.batching import IGNORE_INDEX
+from anyfit.data.batching import IGNORE_INDEX, collate
 from anyfit.export.request import ExportError, check_gguf_architecture
 from anyfit.hardware.runtime import sequence_parallel_problem
 from anyfit.model.attention import register
@@ -50,8 +51,8 @@ def _examples() -> _Examples:
 
 
 def _packing(family: str) -> str:
-    verdict = choose_packing(tiny_model(family, "anyfit_varlen"), _examples(), 0, 64, "cpu", torch.float32,
-                             contextlib.nullcontext)
+    verdict = choose_packing(tiny_model(family, "anyfit_varlen"), _examples(), functools.partial(collate, pad_id=0),
+                             64, "cpu", torch.float32, contextlib.nullcontext)
     if not verdict.packed:
         return "padded batches (state along the row)" if "state" in verdict.line else "padded batches (self-test)"
     if verdict.attention != "anyfit_varlen":

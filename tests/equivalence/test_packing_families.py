@@ -140,7 +140,8 @@ def test_self_test_of_a_compiled_model_compiles_nothing():
 
 def test_skipping_the_self_test_says_so():
     register()
-    verdict = choose_packing(tiny_model("mistral", "anyfit_varlen"), _examples(), functools.partial(collate, pad_id=0), 64, "cpu", torch.float32,
+    verdict = choose_packing(tiny_model("mistral", "anyfit_varlen"), _examples(), functools.partial(collate, pad_id=0),
+                             64, "cpu", torch.float32,
                              check=False)
     assert verdict.packed and "not self-tested" in verdict.line
 
