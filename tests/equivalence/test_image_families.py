@@ -125,3 +125,17 @@ def test_an_image_after_the_last_answer_is_refused_not_dropped(tmp_path):
         tokenize_each([Example(kind="messages", messages=messages, images=refs)], tokenizer,
                       DataConfig(path="unused"), images)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_images_over_the_processors_size_limit_are_counted_as_shrunk(family, tmp_path):
+    """The tiny processors' limits are a few dozen pixels a side (Qwen's max_pixels, Pixtral's and Idefics3's
+    longest edge, Gemma-3's and CLIP's fixed size): a 16x16 image is kept whole by every one of them, a 300x200 one
+    shrunk, whether alone in its record or beside another."""
+    _, tokenizer, images = _setup(family)
+    for sizes, shrunk in (([(16, 16)], 0), ([(300, 200)], 1), ([(16, 16), (300, 200)], 1)):
+        messages = [{"role": "user", "content": [{"type": "image"}] * len(sizes) + [{"type": "text", "text": "?"}]},
+                    {"role": "assistant", "content": "Squares."}]
+        example = Example(kind="messages", messages=messages, images=_images(tmp_path, sizes))
+        (result,) = tokenize_each([example], tokenizer, DataConfig(path="unused"), images)
+        assert result.vision[-1]["shrunk"] == shrunk, (sizes, result.vision[-1]["shrunk"])

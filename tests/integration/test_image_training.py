@@ -67,6 +67,8 @@ def test_a_run_on_image_records_trains_the_language_model_and_keeps_the_tower(fa
     result = _run(model, data, tmp_path / "run", echo=lambda *a: lines.append(" ".join(map(str, a))))
     said = "\n".join(lines)
     assert "images" in said and "image tokens (never trained on)" in said, said
+    if family == "gemma3":  # the tiny Gemma-3 sees 32x32: every image of the data is larger
+        assert "12 images (12 shrunk by the processor to its size limit)" in said, said
     # Qwen3.5's linear attention keeps it on padded rows; Gemma-3 packs through transformers' own attention (its image
     # tokens attend to each other both ways, which anyfit_varlen's causal slices do not give), self-tested with images
     assert ("packing: off for this model" if family == "qwen3_5" else "with images") in said, said

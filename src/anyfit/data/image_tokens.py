@@ -29,6 +29,8 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from anyfit.data.audit import IGNORE_INDEX
 from anyfit.data.images import ImageRef, image_size
 from anyfit.data.records import DataError
@@ -107,9 +109,12 @@ class ImageTokens:
                             f"record's {len(example.images)}: it leaves out the images of messages after the last "
                             "assistant turn (nothing there is trained) and where it renders no image part; remove "
                             "those images, or move them to a user message before an answer.")
-        out = []
+        out, kept = [], {}
         for text, (text_ids, text_labels), n in zip(texts, pairs, counts):
-            ids = self.ids(text, sizes[:n], example.place)
+            processed = self.processed(text, sizes[:n], example.place)
+            ids = [int(t) for t in processed["input_ids"][0]]
+            if n == 1:  # a part with one image: the pixels the processor kept of it, from the same call
+                kept[sizes[0]] = self.kept_pixels(processed)
             carried = carry_labels(text_ids, text_labels, ids)
             if carried is None:
                 raise DataError(f"{example.place}: the processor's expansion of an image changes trained tokens next "
@@ -119,26 +124,59 @@ class ImageTokens:
             vision = {"text": text, "images": list(example.images[:n]), "sha256": digests[:n],
                       "image_tokens": carried.image_tokens, "last_image_token": carried.last_image_token} if n else None
             out.append((_padded_ids(text_ids, ids, carried), carried.labels, vision))
+        shrunk = [self.shrunk(size, kept) for size in sizes]
+        for _, _, vision in out:
+            if vision is not None:
+                vision["shrunk"] = sum(shrunk[:len(vision["images"])])
         return out
+
+    def shrunk(self, size: tuple[int, int], kept: dict) -> bool:
+        """Whether the processor keeps fewer pixels of an image of ``size`` than it has (its size limit: Qwen's
+        max_pixels, Idefics3's and Pixtral's longest edge, a fixed-size tower's resolution); ``kept`` holds what the
+        record's own calls measured, an image of a record of several is measured alone (a processor's batch pads
+        its images, so their pixels are not told apart)."""
+        if size not in kept:
+            with_image, _ = self.probes
+            kept[size] = self.kept_pixels(self.processed(with_image, [size], "a probe"))
+        return kept[size] is not None and kept[size] < size[0] * size[1]
+
+    def kept_pixels(self, processed) -> int | None:
+        """The pixels of the processor's ``pixel_values`` (tiles and patches alike, RGB; an image it repeats in
+        time, Qwen's ``temporal_patch_size``, counted once); None for a processor that returns none."""
+        values = next((v for k, v in processed.items() if k.startswith("pixel_values")), None)
+        if values is None:
+            return None
+        repeats = getattr(self.processor.image_processor, "temporal_patch_size", None) or 1
+        return _numel(values) // (3 * repeats)
 
     def ids(self, text: str, sizes: list[tuple[int, int]], place: str) -> list[int]:
         """The processor's ids for ``text`` and images of these sizes (blank stand-ins: the ids depend on the sizes
         alone), with special tokens as ``apply_chat_template(tokenize=True)`` adds them."""
+        return [int(t) for t in self.processed(text, sizes, place)["input_ids"][0]]
+
+    def processed(self, text: str, sizes: list[tuple[int, int]], place: str):
+        """What the processor returns for ``text`` and blank stand-ins of these sizes (see ``ids``)."""
         from PIL import Image
 
         stand_ins = [Image.new("RGB", size) for size in sizes]
         try:
-            out = self.processor(text=[text], images=[stand_ins] if stand_ins else None, **self.text_kwargs(text))
+            return self.processor(text=[text], images=[stand_ins] if stand_ins else None, **self.text_kwargs(text))
         except Exception as e:  # the processor's own check (placeholders vs images), in its words
             raise DataError(f"{place}: the model's processor refused the record ({' '.join(str(e).split())}); check "
                             "that each image has its image part (or <image> placeholder) and the reverse.") from e
-        return [int(t) for t in out["input_ids"][0]]
 
     def text_kwargs(self, text: str) -> dict:
         """The processor's text options as transformers' ``apply_chat_template(tokenize=True)`` passes them: no
         special tokens added to a text that starts with the BOS (the template wrote it), the processor's own default
         otherwise."""
         return {"add_special_tokens": False} if self.bos and text.startswith(self.bos) else {}
+
+
+def _numel(values) -> int:
+    """Elements of a tensor or array, or of the (nested) list of them some processors return."""
+    if hasattr(values, "shape"):
+        return int(np.prod(values.shape))
+    return sum(_numel(v) for v in values)
 
 
 @dataclass

@@ -22,8 +22,9 @@ Layout of one store (a folder named by its key, under ``data.cache_dir``, defaul
                         example); empty for a store without images
     image_bytes.bin     uint8, the bytes of images embedded in the data (base64, the hub's Image feature), once each;
                         images in files are kept as their paths, never as pixels
-    example_images.bin  int32, per example: its images; example_image_tokens.bin the tokens they take (empty
-                        without images)
+    example_images.bin  int32, per example: its images; example_image_tokens.bin the tokens they take,
+                        example_images_shrunk.bin those the processor shrinks to its size limit (empty without
+                        images)
     manifest.json       written last: format, key, counts, dtypes, the data report, size and sha256 of each file
 
 Why NumPy memory maps rather than Arrow through ``datasets``: the loop reads an example as two slices of two
@@ -217,6 +218,7 @@ class TokenStore:
         if len(self.arrays["example_images"]):
             report.images = int(self.arrays["example_images"][index].sum())
             report.image_tokens = int(self.arrays["example_image_tokens"][index].sum())
+            report.images_shrunk = int(self.arrays["example_images_shrunk"][index].sum())
         return Examples(self, index, report)
 
 

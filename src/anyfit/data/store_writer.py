@@ -21,13 +21,15 @@ from anyfit.data.audit import Findings
 from anyfit.data.fingerprint import record_digests
 from anyfit.data.tokenization import IGNORE_INDEX, DataReport, Fate, report_of
 
-FORMAT = 6  # 2: record_cut.bin; 3: parts (a record can make several examples); 4: record_digest.bin;
-# 5: example_source.bin; 6: images (vision, vision_offsets, image_bytes, example_images, example_image_tokens)
+FORMAT = 7  # 2: record_cut.bin; 3: parts (a record can make several examples); 4: record_digest.bin;
+# 5: example_source.bin; 6: images (vision, vision_offsets, image_bytes, example_images, example_image_tokens);
+# 7: example_images_shrunk
 # name -> dtype; the per-example and per-record arrays are small next to the token arrays.
 ARRAYS = {"input_ids": np.int32, "loss_mask": np.uint8, "offsets": np.int64, "trainable": np.int32,
           "part_record": np.int64, "part_fate": np.uint8, "part_example": np.int64, "part_cut": np.int32,
           "record_digest": np.uint64, "example_source": np.int16, "vision": np.uint8, "vision_offsets": np.int64,
-          "image_bytes": np.uint8, "example_images": np.int32, "example_image_tokens": np.int32}
+          "image_bytes": np.uint8, "example_images": np.int32, "example_image_tokens": np.int32,
+          "example_images_shrunk": np.int32}
 _KEPT = np.array([f.value for f in Fate if f.kept], dtype=np.uint8)
 
 
@@ -97,6 +99,7 @@ class Writer:
         self.vision = (folder / "vision.bin").open("wb")
         self.image_bytes = (folder / "image_bytes.bin").open("wb")
         self.vision_offsets, self.image_counts, self.image_tokens = array("q", [0]), array("i"), array("i")
+        self.images_shrunk = array("i")
         self.blob_at = 0
         self.lengths: list[int] = []
         self.records = 0
@@ -123,6 +126,7 @@ class Writer:
             self.vision_offsets.append(self.vision_offsets[-1] + len(raw))
             self.image_counts.append(len(vision["images"]) if vision is not None else 0)
             self.image_tokens.append(vision["image_tokens"] if vision is not None else 0)
+            self.images_shrunk.append(vision["shrunk"] if vision is not None else 0)
         if not len(batch.lengths):
             return
         self.ids.write(batch.ids.tobytes())
@@ -142,6 +146,7 @@ class Writer:
         report = report_of([Fate(f) for f in self.fates], self.lengths, list(self.trainable), cfg.max_length,
                            cfg.overlong, cut=self.cuts, records=self.records, findings=self.findings)
         report.images, report.image_tokens = sum(self.image_counts), sum(self.image_tokens)
+        report.images_shrunk = sum(self.images_shrunk)
         return report
 
     def finish(self, cfg: DataConfig, key: str) -> None:
@@ -160,7 +165,8 @@ class Writer:
                              ("example_source", example_source),
                              ("vision_offsets", self.vision_offsets if with_images else []),
                              ("example_images", self.image_counts if with_images else []),
-                             ("example_image_tokens", self.image_tokens if with_images else [])):
+                             ("example_image_tokens", self.image_tokens if with_images else []),
+                             ("example_images_shrunk", self.images_shrunk if with_images else [])):
             (self.folder / f"{name}.bin").write_bytes(np.asarray(values, dtype=ARRAYS[name]).tobytes())
         counts = {"input_ids": self.offsets[-1], "loss_mask": self.offsets[-1], "offsets": len(self.offsets),
                   "trainable": len(self.trainable), "part_record": len(self.part_record), "part_fate": len(self.fates),
@@ -168,7 +174,8 @@ class Writer:
                   "example_source": len(example_source), "vision": self.vision_offsets[-1],
                   "vision_offsets": len(self.vision_offsets) if with_images else 0, "image_bytes": self.blob_at,
                   "example_images": len(self.image_counts) if with_images else 0,
-                  "example_image_tokens": len(self.image_tokens) if with_images else 0}
+                  "example_image_tokens": len(self.image_tokens) if with_images else 0,
+                  "example_images_shrunk": len(self.images_shrunk) if with_images else 0}
         header = {"format": FORMAT, "key": key, "source": cfg.path, "split": cfg.split, "counts": counts,
                   "dtypes": {k: np.dtype(v).name for k, v in ARRAYS.items()}, "max_length": cfg.max_length,
                   "overlong": cfg.overlong, "report": dataclasses.asdict(self.report(cfg)),

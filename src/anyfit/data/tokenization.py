@@ -90,6 +90,7 @@ class DataReport:
     notes: dict[str, int] = field(default_factory=dict)  # what was done to some records (anyfit.data.audit.NOTES)
     images: int = 0  # images of the kept examples, and the tokens the processor expands them into
     image_tokens: int = 0
+    images_shrunk: int = 0  # images the processor shrinks to its size limit (it keeps fewer pixels than they have)
 
     def summary(self) -> str:
         made = f" ({self.split_records} split into several examples)" if self.split_records else ""
@@ -104,7 +105,8 @@ class DataReport:
             parts.append(f"{self.total_tokens:,} tokens, {self.trainable_tokens:,} trained on ({share:.0f}%); "
                          f"longest {self.max_length}, mean {self.mean_length:.1f} tokens per example.")
         if self.images:
-            parts.append(f"{self.images:,} images, {self.image_tokens:,} image tokens (never trained on).")
+            shrunk = f" ({self.images_shrunk:,} shrunk by the processor to its size limit)" if self.images_shrunk else ""
+            parts.append(f"{self.images:,} images{shrunk}, {self.image_tokens:,} image tokens (never trained on).")
         # What was left unread and what the mask audit found: a line each, after the counts.
         return "\n  ".join([" ".join(parts), *audit_lines(dataclasses.asdict(self))])
 
