@@ -33,41 +33,51 @@ def cmd_plan(args) -> int:
         raise ConfigError(f"--micro-batch must be from 1 to train.effective_batch ({cfg.train.effective_batch}), got "
                           f"{args.micro_batch}.")
     targets = targets_from_args(args.device, args.memory_gb, args.gpus, price_per_hour=args.price_per_hour)
+    line, shape = image_budget(cfg)
     if args.json:
-        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples,
+        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, shape=shape, examples=args.examples,
                                    micro_batch=args.micro_batch), indent=2,
                          default=str))
     else:
-        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, examples=args.examples,
+        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, shape=shape, examples=args.examples,
                           micro_batch=args.micro_batch))
-        if line := image_budget(cfg):
+        if line:
             print(line)
     return 0
 
 
-def image_budget(cfg) -> str | None:
-    """For a vision-language model: what one large image costs of data.max_length (measured with the model's own
-    processor, where it is on this machine); None for a text model."""
+def image_budget(cfg):
+    """For a vision-language model: what one large image costs of data.max_length, and the model's shape with the
+    patches its tower embeds for it (a trained tower's activations), both measured with the model's own processor
+    where it is on this machine; (None, None) for a text model."""
+    from dataclasses import replace
+
     # start-up time: the tokenizer and the processor load only for this line
     from anyfit.data.image_tokens import ImageTokens
     from anyfit.model.composite import is_composite
     from anyfit.model.processor import load_processor
-    from anyfit.model.shape import load_model_config
+    from anyfit.model.shape import load_model_config, shape_from_config
     from anyfit.model.tokenizer import load_tokenizer
 
     config = load_model_config(cfg.model)
     if not is_composite(config) or getattr(config, "vision_config", None) is None:
-        return None
+        return None, None
+    shape = shape_from_config(config)
     try:
         processor, why = load_processor(cfg.model, load_tokenizer(cfg.model))
     except (OSError, ValueError) as e:  # not downloaded (no hub here), or not loadable
         processor, why = None, " ".join(str(e).split())[:200]
     if processor is None:
         return (f"images: the model's processor is not available here to count image tokens ({why}); "
-                "`anyfit download CONFIG` first")
-    n = ImageTokens(processor).largest_image()
+                "`anyfit download CONFIG` first"), shape
+    images = ImageTokens(processor)
+    n = images.largest_image()
+    shape = replace(shape, tower_patches=images.patches(shape.tower_patch)) if shape.tower_patch else shape
+    trained = (f"; model.train_vision={cfg.model.train_vision}: its tower's activations for {shape.tower_patches:,} "
+               "patches an example are planned" if cfg.model.train_vision != "frozen" and shape.tower_patches else "")
     return (f"images: a 4096x4096 image takes {n:,} tokens through {type(processor).__name__} (its own resize), "
-            f"counted in data.max_length={cfg.data.max_length:,} with the text; the planned sequence holds them")
+            f"counted in data.max_length={cfg.data.max_length:,} with the text; the planned sequence holds them"
+            + trained), shape
 
 
 def register(sub) -> None:

@@ -80,6 +80,12 @@ class ImageTokens:
         with_image, plain = self.probes
         return len(self.ids(with_image, [(side, side)], "a probe")) - len(self.ids(plain, [], "a probe"))
 
+    def patches(self, patch: int, side: int = 4096) -> int:
+        """Patches of ``patch`` pixels a side that the tower embeds for one ``side`` x ``side`` image: the pixels the
+        processor keeps of it (its own size limit, tiles included)."""
+        with_image, _ = self.probes
+        return (self.kept_pixels(self.processed(with_image, [(side, side)], "a probe")) or 0) // (patch * patch)
+
     def check(self, example: Example) -> None:
         """A DataError for an image record this model cannot train."""
         if self.processor is None:

@@ -100,6 +100,11 @@ class ModelShape:
     projector_params: int = 0
     audio_params: int = 0
     tower_projections: tuple[Projection, ...] = ()
+    tower_hidden: int = 0  # the tower's width and the pixels a side of a patch it embeds (its vision_config)
+    tower_patch: int = 0
+    # Patches the tower embeds for one example's images at the processor's size limit (kept pixels / patch^2):
+    # set where the processor is on hand (``anyfit plan``), 0 where it is not (no tower activations then).
+    tower_patches: int = 0
     router_params: int = 0  # the routers' (and gates') matrices: every token passes through them
     stateful: str = ""  # layers with a state along the sequence (anyfit.model.packing): never packed, never split
 
@@ -115,6 +120,16 @@ class ModelShape:
         share = self.experts_per_token / self.num_experts if self.num_experts else 0.0
         return (self.body_linear_params + self.router_params
                 + round(share * sum(p.d_in * p.d_out * p.count for p in self.experts)))
+
+    @property
+    def tower_saved_per_patch(self) -> int:
+        """Elements a trained tower keeps for its backward per patch, over all its layers: each linear layer's input
+        and output (inputs for the weight gradients; outputs as the next op's saved input: attention's q, k, v,
+        the MLP's activation), and two norm inputs per layer. Against what autograd saves in transformers' towers
+        (tests/unit/planning/test_tower_plan.py): 0.73-1.28 of it on six families (rotary embeddings and fp32
+        casts uncounted, a norm's and a GELU's copies counted where a tower does not keep them)."""
+        layers = max((p.count for p in self.tower_projections), default=0)
+        return sum((p.d_in + p.d_out) * p.count for p in self.tower_projections) + 2 * self.tower_hidden * layers
 
     @property
     def outside_params(self) -> int:
@@ -315,8 +330,11 @@ def shape_from_config(config) -> ModelShape:
         return shape
     sizes = part_sizes(config)
     tower = tuple(Projection(name, d_in, d_out, count, "other") for name, d_in, d_out, count in sizes.tower_linears)
+    vision = getattr(config, "vision_config", None)
+    patch = getattr(vision, "patch_size", 0)
     return replace(shape, tower_params=sizes.tower, projector_params=sizes.projector, audio_params=sizes.audio,
-                   tower_projections=tower)
+                   tower_projections=tower, tower_patch=patch if type(patch) is int else 0,
+                   tower_hidden=getattr(vision, "hidden_size", 0) or getattr(vision, "embed_dim", 0) or 0)
 
 
 def _flag(config, value) -> bool:

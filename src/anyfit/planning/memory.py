@@ -333,6 +333,27 @@ def activations_and_logits(shape: ModelShape, setup: Setup, tokens: int, grad_by
     return activations, logits
 
 
+def tower_activation_bytes(shape: ModelShape, setup: Setup, notes: list[str] | None = None) -> int:
+    """A trained vision tower's saved tensors for one micro-batch, each example with images at the processor's size
+    limit (``shape.tower_patches``; 0 where the processor was not on hand). A frozen tower keeps none (it runs
+    without autograd: anyfit.model.vision); a trained one is checkpointed with the decoder, keeping each layer's
+    input and recomputing one layer at a time."""
+    if setup.train_vision == "frozen" or not shape.tower_patches:
+        return 0
+    a = BYTES[setup.precision]
+    patches = setup.micro_batch * shape.tower_patches
+    layers = max((p.count for p in shape.tower_projections), default=1)
+    if setup.gradient_checkpointing:
+        per_layer = shape.tower_saved_per_patch / layers
+        saved = int(patches * (layers * shape.tower_hidden * setup.compute_weight_bytes + 2 * per_layer * a))
+    else:
+        saved = int(patches * shape.tower_saved_per_patch * a)
+    if notes is not None:
+        notes.append(f"the trained vision tower keeps {saved / GIB:.2f} GiB for its backward ({shape.tower_patches:,} "
+                     "patches an example: its images at the processor's size limit)")
+    return saved
+
+
 def folded_expert_bytes(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     """LoRA on a mixture of experts' fused expert tensors: (bytes kept from the forward to the backward, bytes more
     around the backward). PEFT folds each adapter into its tensor in every forward (``W + BA``, one ``baddbmm`` in
@@ -460,6 +481,7 @@ def estimate_memory(shape: ModelShape, setup: Setup, overhead_gib: float | None 
     if setup.tiled_mlp:
         notes.append("tiled MLP: each MLP keeps its input only; its intermediates are recomputed tile by tile")
     activations, logits = activations_and_logits(shape, setup, tokens, grad_bytes, head_trains)
+    activations += tower_activation_bytes(shape, setup, notes)
 
     transient = forward_transients(shape, setup, trainable, grad_bytes, head_trains, notes)
     if whole and setup.processes > 1 and not setup.fsdp:
