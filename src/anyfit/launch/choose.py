@@ -116,7 +116,10 @@ def choose_machine(cfg: Config, shape: ModelShape, provider: str, gpu: str = "au
         if not machines:
             raise ConfigError(f"--gpus {gpus}: {provider} has no such machine"
                               + (f" of --gpu {gpu}" if gpu != "auto" else "") + ".")
-    plans = [(m, plan_target(cfg, shape, _price(m, price_per_hour).target, examples=examples)) for m in machines]
+    # the micro-batch the run will use: the config's, or the largest that fits where it says auto
+    micro = None if cfg.train.micro_batch == "auto" else cfg.train.micro_batch
+    plans = [(m, plan_target(cfg, shape, _price(m, price_per_hour).target, examples=examples, micro_batch=micro))
+             for m in machines]
     fitting = [(m, p) for m, p in plans if fits_as_is(p)]
     if gpu != "auto" and not fitting:
         m, p = plans[0]
