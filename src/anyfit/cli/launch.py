@@ -90,8 +90,8 @@ def _follow(record: dict) -> int:
 
 def cmd_jobs(args) -> int:
     from anyfit.launch import launcher  # start-up time: huggingface_hub
-    from anyfit.launch.hf_jobs import HfJobs
-    from anyfit.launch.store import open_store
+    from anyfit.launch.hf_jobs import HfJobs  # start-up time: huggingface_hub
+    from anyfit.launch.store import open_store  # start-up time: huggingface_hub
 
     record = launcher.load_record(args.run)
     if args.action == "fetch":
