@@ -12,6 +12,7 @@ settings to add (they change the run: the user decides).
 from __future__ import annotations
 
 import difflib
+import math
 from dataclasses import dataclass, replace
 
 from anyfit.config import Config, ConfigError
@@ -38,9 +39,11 @@ class Choice:
 
     @property
     def cost(self) -> float | None:
+        """The whole run's cost; HF Jobs bill whole minutes (so a short run costs at least one minute)."""
         if self.seconds is None or self.plan.price_per_hour is None:
             return None
-        return self.plan.price_per_hour * self.seconds / 3600
+        seconds = 60 * math.ceil(self.seconds / 60) if self.machine.provider == "hf-jobs" else self.seconds
+        return self.plan.price_per_hour * seconds / 3600
 
     def lines(self) -> list[str]:
         """What is printed before anything is spent."""
@@ -129,4 +132,5 @@ def choose_machine(cfg: Config, shape: ModelShape, provider: str, gpu: str = "au
         raise ConfigError(f"No {provider} machine takes this config as it is; the cheapest plan, on "
                           f"{best[0].name}: {_why_not(cfg, best[1])}.")
     choices = [Choice(m, p, run_steps(cfg, p)) for m, p in fitting]
-    return min(choices, key=lambda c: (c.cost if c.cost is not None else c.plan.cost_per_100_steps, c.machine.gpus))
+    return min(choices, key=lambda c: (c.cost if c.cost is not None else c.plan.cost_per_100_steps,
+                                       c.plan.price_per_hour, c.machine.gpus))
