@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("anyfit.profiling",),  # torch.profiler traces of training steps, MFU, and config advice from them
     ("anyfit.training",),  # the loop and what it calls
     ("anyfit.export",),  # a run as a standalone model, GGUF, the Hub (asks training which checkpoints are complete)
-    ("anyfit.download", "anyfit.quickstart"),  # whole tasks built on everything below
+    ("anyfit.download", "anyfit.quickstart", "anyfit.launch"),  # whole tasks built on everything below
     ("anyfit.cli",),  # the command line
     ("anyfit.__main__",),  # python -m anyfit
 ]

@@ -17,7 +17,7 @@ import argparse
 import gc
 import sys
 
-from anyfit.cli import finished, generation, machine, profile, render, setup, train
+from anyfit.cli import finished, generation, launch, machine, profile, render, setup, train
 from anyfit.cli.common import fault_places, version
 from anyfit.config import ConfigError, help_text
 from anyfit.data.sources import DataError
@@ -25,7 +25,7 @@ from anyfit.faults import one_line
 from anyfit.runfolder import NotWritten
 
 # In the order `anyfit --help` lists them.
-COMMANDS = (train, profile, machine, render, setup, generation, finished)
+COMMANDS = (train, profile, machine, launch, render, setup, generation, finished)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,191 @@
+"""anyfit launch: the machine from the plan, the job spec (dry run) through huggingface_hub's own spec builder and
+job types, faults in one line, and the Hub client driven against a local stand-in for the Jobs protocol."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from huggingface_hub import JobHardware
+from huggingface_hub._jobs_api import _create_job_spec
+from transformers import Qwen2Config
+
+from anyfit.cli import main
+from anyfit.config import ConfigError, load_config
+from anyfit.launch.choose import choose_machine
+from anyfit.launch.machines import HF_JOBS, offer
+from anyfit.model.shape import shape_from_config
+
+SHAPE_1_5B = shape_from_config(Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                           num_attention_heads=12, num_key_value_heads=2, vocab_size=151936))
+
+
+def cfg(*extra):
+    return load_config(None, ["model.name_or_path=x", "data.path=d.jsonl", "train.effective_batch=8", *extra])
+
+
+def test_every_flavor_is_one_of_huggingface_hubs():
+    assert set(HF_JOBS) <= {h.value for h in JobHardware}
+    assert all(m.target.price_per_hour > 0 and m.target.device == "cuda" for m in offer("hf-jobs") + offer("skypilot"))
+
+
+def test_auto_takes_the_cheapest_machine_that_fits_as_it_is():
+    choice = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs")
+    assert choice.plan.verdict == "fits" and choice.steps == 100 and choice.cost is not None
+    for m in offer("hf-jobs"):  # every other flavor is refused by the plan, or costs more over the whole run
+        try:
+            alone = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs", m.name)
+        except ConfigError:
+            continue
+        assert alone.cost >= choice.cost
+    assert "whole run (100 steps)" in "\n".join(choice.lines())
+
+
+def test_a_named_machine_is_checked_against_the_plan():
+    with pytest.raises(ConfigError, match=r"^--gpu t4-small: the config needs LoRA.* there \(add lora.enabled=true"):
+        choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "t4-small")
+    with pytest.raises(ConfigError, match="Did you mean 'a10g-small'"):
+        choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a10g-smal")
+    assert choose_machine(cfg(), SHAPE_1_5B, "skypilot", "H100", 2).machine.name == "H100:2"
+
+
+@pytest.fixture
+def proj(tmp_path, tiny_llama_dir, monkeypatch):
+    p = tmp_path / "proj"
+    shutil.copytree(tiny_llama_dir, p / "model")
+    (p / "d.jsonl").write_text("".join(json.dumps({"prompt": f"q{i}", "completion": f"a{i}"}) + "\n" for i in range(8)))
+    (p / "c.yaml").write_text("model: {name_or_path: model}\ndata: {path: d.jsonl, template: plain}\n"
+                              "train: {max_steps: 10, report_to: wandb}\n")
+    monkeypatch.chdir(p)
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_value_never_printed")
+    monkeypatch.setenv("WANDB_API_KEY", "wandb_secret_value")
+    return p
+
+
+def test_dry_run_prints_the_spec_and_ships_only_names_of_secrets(proj, capsys):
+    assert main(["launch", "c.yaml", "--on", "hf-jobs", "--name", "r1", "--store", "hf://me/r1", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "flavor: t4-small" in out and "HF_TOKEN (set)" in out and "WANDB_API_KEY (set)" in out
+    assert "command: bash /anyfit/launches/r1/job.sh" in out and "model.safetensors" in out and "d.jsonl" in out
+    from anyfit.cache import cache_root  # the bundle is staged in the test's ANYFIT_CACHE
+
+    launch = cache_root() / "launch" / "launches" / "r1"
+    texts = "".join(p.read_text() for p in launch.iterdir())
+    assert "secret_value" not in out + texts
+    job_cfg = yaml.safe_load((launch / "config.yaml").read_text())
+    assert job_cfg["train"]["output_dir"] == "run" and job_cfg["data"]["path"].startswith("files/")
+    assert "anyfit[wandb] @ file://" in (launch / "job.sh").read_text()
+    # the spec as huggingface_hub builds it for the Jobs API
+    spec = _create_job_spec(image="ghcr.io/astral-sh/uv:python3.11-bookworm", command=["bash", "/anyfit/launches/r1/job.sh"],
+                            env=None, secrets={"HF_TOKEN": "x"}, flavor="t4-small", timeout="40m")
+    assert spec["flavor"] in {h.value for h in JobHardware} and spec["timeoutSeconds"] == 2400
+
+
+def test_skypilot_task(proj, capsys):
+    assert main(["launch", "c.yaml", "--on", "skypilot", "--gpu", "L4", "--name", "r2", "--store", "s3://b/r2",
+                 "--dry-run"]) == 0
+    from anyfit.cache import cache_root
+
+    task = yaml.safe_load((cache_root() / "launch" / "launches" / "r2" / "task.yaml").read_text())
+    assert task["resources"]["accelerators"] == "L4:1" and task["run"] == "bash /anyfit/launches/r2/job.sh"
+    assert task["file_mounts"]["/anyfit-store"] == {"source": "s3://b/r2", "mode": "MOUNT"}
+    assert task["secrets"] == {"HF_TOKEN": None, "WANDB_API_KEY": None}
+    launch = json.loads((cache_root() / "launch" / "launches" / "r2" / "launch.json").read_text())
+    assert launch["store"] == "/anyfit-store"
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["c.yaml", "train.lr=1"], "'train.lr' is not a known key"),
+    (["c.yaml", "data.path=/etc/hostname"], "is outside the config's folder"),
+    (["c.yaml", "--gpu", "h100"], "not a machine of hf-jobs"),
+])
+def test_faults_are_one_line_before_anything_is_built(proj, capsys, argv, said):
+    assert main(["launch", *argv, "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert said in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+class StandIn(BaseHTTPRequestHandler):
+    """The Hub's Jobs protocol as huggingface_hub speaks it: whoami, job creation, status, logs (SSE), cancel."""
+
+    jobs: dict = {}
+
+    def _send(self, code: int, body, kind="application/json"):
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+    def _job(self, job_id):
+        job = self.jobs[job_id]
+        return {"id": job_id, "owner": {"id": "1", "name": "me", "type": "user"}, "flavor": job["flavor"],
+                "dockerImage": job["dockerImage"], "command": job["command"], "status": {"stage": job["stage"]},
+                "createdAt": "2026-11-28T10:00:00Z", "startedAt": "2026-11-28T10:00:00Z",
+                "finishedAt": "2026-11-28T11:00:00Z" if job["stage"] != "RUNNING" else None, "labels": job["labels"]}
+
+    def do_GET(self):
+        if self.path.startswith("/api/whoami-v2"):
+            return self._send(200, {"name": "me", "type": "user"})
+        parts = self.path.split("?")[0].strip("/").split("/")
+        if parts[:2] == ["api", "jobs"] and len(parts) == 4:
+            return self._send(200, self._job(parts[3]))
+        if parts[:2] == ["api", "jobs"] and parts[-1] == "logs":
+            lines = ["[anyfit launch] run r: a fresh start", "train: done"]
+            return self._send(200, "".join(f"data: {json.dumps({'data': t, 'timestamp': '2026-11-28T10:00:01.000Z'})}\n\n" for t in lines),
+                              "text/event-stream")
+        self._send(404, {"error": "not found"})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        parts = self.path.strip("/").split("/")
+        if parts[:2] == ["api", "jobs"] and len(parts) == 3:
+            if body["flavor"] == "h200x8":
+                return self._send(403, {"error": "flavor not allowed"})
+            job_id = f"job{len(self.jobs)}"
+            self.jobs[job_id] = {**body, "stage": "COMPLETED"}
+            return self._send(200, self._job(job_id))
+        if parts[-1] == "cancel":
+            self.jobs[parts[3]]["stage"] = "CANCELED"
+            return self._send(200, {})
+        self._send(404, {"error": "not found"})
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    StandIn.jobs.clear()
+    yield StandIn.jobs
+    server.shutdown()
+
+
+def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
+    from anyfit.launch import launcher
+
+    record = {"run": "r", "provider": "hf-jobs", "namespace": None, "repo": "me/anyfit-launches",
+              "command": ["bash", "/anyfit/launches/r/job.sh"], "store": str(tmp_path / "store"),
+              "flavor": "l40sx1", "price_per_hour": 1.8, "timeout": "1h", "retries": 2, "secrets": ["HF_TOKEN"],
+              "jobs": []}
+    launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
+    sent = hub["job0"]
+    assert sent["flavor"] == "l40sx1" and sent["attempts"] == 3 and sent["secrets"] == {"HF_TOKEN": "hf_test"}
+    assert sent["volumes"][0]["mountPath"] == "/anyfit" and sent["labels"]["anyfit-run"] == "r"
+    assert main(["jobs", "status", "r"]) == 0
+    assert "COMPLETED on l40sx1, 1 job(s); cost so far $1.80" in capsys.readouterr().out
+    assert main(["jobs", "logs", "r"]) == 0 and "train: done" in capsys.readouterr().out
+    assert main(["jobs", "cancel", "r"]) == 0 and hub["job0"]["stage"] == "CANCELED"
+    record["flavor"] = "h200x8"
+    with pytest.raises(ConfigError, match="this account cannot use flavor h200x8"):
+        launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
