@@ -164,7 +164,8 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, train_vision: str = "frozen",
                               target_modules=lora_scope(model, targets.modules, tower),
                               bias="none", task_type="CAUSAL_LM", modules_to_save=whole or None,
                               **({"target_parameters": targets.parameters} if targets.parameters else {}))
-    split, kept = split_expert_classes(model, targets.parameters, cfg.r) if targets.parameters else ({}, [])
+    split, kept = (split_expert_classes(model, targets.parameters, cfg.r)
+                   if targets.parameters and cfg.split_experts else ({}, []))
     if split:  # LoRA on these experts as base plus low-rank path, in PEFT's own adapter layout
         peft_cfg._register_custom_module(split)
     for line in kept:
