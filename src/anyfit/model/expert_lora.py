@@ -91,7 +91,9 @@ def split_forward(experts: nn.Module, factors: Factors, hidden_states: torch.Ten
     if experts.has_post_expert_norm:
         y = experts.post_expert_norm(y)
     y = y * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
-    unsorted = torch.zeros_like(y).index_copy(0, order, y)
+    inverse = torch.empty_like(order)
+    inverse[order] = torch.arange(order.numel(), device=order.device)
+    unsorted = y[inverse]  # a gather keeps only the indices for its backward (index_copy would keep y)
     return unsorted.view(tokens, top_k, -1).sum(dim=1).to(hidden_states.dtype)
 
 
@@ -180,14 +182,19 @@ def split_expert_classes(model: nn.Module, parameters: list[str], r: int) -> tup
     return mapping, lines
 
 
+def splits_lora(experts: nn.Module) -> bool:
+    """Whether ``experts`` is one of transformers' experts-interface classes (``@use_experts_implementation``), the
+    math ``split_forward`` follows: what the planner reads on the meta device; ``check_split`` confirms it."""
+    return all(hasattr(experts, a) for a in _DECORATED) and not getattr(experts, "_is_expert_parallel", False)
+
+
 def check_split(experts: nn.Module, names: list[str], r: int) -> str | None:
     """None if ``split_forward`` computes what ``experts`` computes, with and without low-rank factors on ``names``;
     else why not. Eight tokens routed to experts 0 and 1; the reference folds the factors into those two experts'
     weights in place and puts the weights back after (no copy of the layer). Tolerance: the round-off of the
     reductions in the weights' dtype (relative to the outputs' norms)."""
-    missing = [a for a in _DECORATED if not hasattr(experts, a)]
-    if missing or getattr(experts, "_is_expert_parallel", False):
-        return "not transformers' experts interface" if missing else "expert parallel"
+    if not splits_lora(experts):
+        return "not transformers' experts interface, or expert parallel"
     params = dict(experts.named_parameters(recurse=False))
     if any(p.device.type == "meta" or hasattr(p, "ds_id") for p in params.values()):
         return "weights not materialised"
