@@ -99,6 +99,11 @@ class LoraConfig:
         "target_parameters on their fused tensors: an r x (in + out) adapter per expert). false: attention, shared "
         "experts and dense layers only. Fused expert tensors take no dropout (PEFT's rule); lora.dropout stays on "
         "the linear layers.")
+    split_experts: bool = _f(
+        True, "Mixtures of experts: compute the routed experts' adapters as base plus low-rank path, x·W + s·(x·A)·B "
+        "over each expert's tokens (grouped matmuls), so memory holds one copy of the experts. false, or where a "
+        "model's experts compute otherwise (checked at start, said in one line): PEFT's path, which forms W + BA "
+        "for every expert in each forward and keeps it for the backward. The adapter is PEFT's either way.")
 
 
 @dataclass

@@ -10,6 +10,7 @@ and dtypes are the runtime policy's (``anyfit.hardware.runtime``).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ from anyfit.config import Config, ConfigError, LoraConfig
 from anyfit.hardware.runtime import RuntimePolicy, inference_policy, weight_dtype
 from anyfit.model.attention import register as register_varlen_attention
 from anyfit.model.composite import language_attention, language_modules, lora_scope, model_class
+from anyfit.model.expert_lora import split_expert_classes
 from anyfit.model.gguf_cache import drop_gguf_quantizer
 from anyfit.model.moe import balance_routers, expert_leaf_names, lora_targets, moe_blocks, restore_dropout
 from anyfit.model.savers import install_savers
@@ -162,6 +164,12 @@ def apply_lora(model: nn.Module, cfg: LoraConfig, train_vision: str = "frozen",
                               target_modules=lora_scope(model, targets.modules, tower),
                               bias="none", task_type="CAUSAL_LM", modules_to_save=whole or None,
                               **({"target_parameters": targets.parameters} if targets.parameters else {}))
+    split, kept = (split_expert_classes(model, targets.parameters, cfg.r)
+                   if targets.parameters and cfg.split_experts else ({}, []))
+    if split:  # LoRA on these experts as base plus low-rank path, in PEFT's own adapter layout
+        peft_cfg._register_custom_module(split)
+    for line in kept:
+        print(line, file=sys.stderr)
     with quiet_peft(cfg.qlora):
         model = get_peft_model(model, peft_cfg)
     if dropout != cfg.dropout:

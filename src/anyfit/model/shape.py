@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from anyfit.config import ConfigError, ModelConfig
 from anyfit.model.composite import is_composite, language_modules, language_parameters, model_class
+from anyfit.model.expert_lora import splits_lora
 from anyfit.model.moe import moe_blocks
 from anyfit.model.packing import stateful_kinds
 from anyfit.model.source import ModelSource
@@ -93,6 +94,9 @@ class ModelShape:
     active_routed_params: int = 0
     num_experts: int = 0
     experts_per_token: int = 0
+    # whether LoRA on them can run as base plus low-rank path (anyfit.model.expert_lora: transformers' experts-interface
+    # classes; the run confirms it with a check at start) rather than PEFT's W + BA formed per forward
+    experts_split: bool = False
     # A composite checkpoint's parts outside the language model (anyfit.model.vision): always loaded; the tower and
     # the projector train as model.train_vision and model.train_projector say (the planner's Setup), audio never.
     # The tower's linear layers, as projections, are what LoRA adapts with train_vision=lora.
@@ -414,15 +418,20 @@ def _meta_shape(config, text, model_type: str, tied: bool, whole=None) -> ModelS
     h = text.hidden_size
     heads = _largest(text, "num_attention_heads")
     experts: dict[tuple[str, int, int], int] = {}  # one expert's slice of each fused tensor, x experts x layers
+    by_name = dict(model.named_modules())
     for block in blocks:
-        for name, (n, d1, d2) in block.tensors:
-            experts[(name, d1, d2)] = experts.get((name, d1, d2), 0) + n
+        module = by_name[f"{block.path}.{block.experts}"]
+        for name, (n, d1, d2) in block.tensors:  # (experts, out, in), or (experts, in, out) where is_transposed
+            key = (name, d1, d2) if getattr(module, "is_transposed", False) else (name, d2, d1)
+            experts[key] = experts.get(key, 0) + n
+    split = all(splits_lora(by_name[f"{b.path}.{b.experts}"]) for b in blocks)
     return ModelShape(model_type, text.vocab_size, h, getattr(text, "intermediate_size", None) or 4 * h,
                       text.num_hidden_layers, heads, _largest(text, "num_key_value_heads") or heads,
                       _largest(text, "head_dim") or h // heads, tied, params, embeddings, head_params,
                       tuple(Projection(n, i, o, k, "other") for (n, i, o), k in shapes.items()),
                       counted_by="meta device",
                       experts=tuple(Projection(n, i, o, k, "experts") for (n, i, o), k in experts.items()),
+                      experts_split=bool(blocks) and split,
                       routed_params=sum(b.params for b in blocks),
                       active_routed_params=sum(b.active_params for b in blocks),
                       num_experts=blocks[0].num_experts if blocks else 0,

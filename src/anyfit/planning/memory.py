@@ -156,6 +156,7 @@ def linear_inputs(shape: ModelShape, setup: Setup, a: int, rs: int, casts: bool)
             elif group != "attn_out":  # fp32 without dropout: the adapters keep the very tensor the base reads
                 inputs += a * d
             inputs += readers * a * setup.lora_r  # lora_A's output, kept by lora_B
+        inputs += split_expert_inputs(shape, setup, a)
         if setup.method == "qlora":
             inputs += _four_bit_inputs(groups, layers, a, casts)
     return inputs
@@ -354,20 +355,50 @@ def tower_activation_bytes(shape: ModelShape, setup: Setup, notes: list[str] | N
     return saved
 
 
+def _adapted_experts(shape: ModelShape, setup: Setup) -> list:
+    """The routed experts' fused tensors that carry an adapter."""
+    targets = set(shape.lora_targets(setup.lora_targets, setup.lora_experts)) if setup.lora else set()
+    return [p for p in shape.experts if p.name in targets and setup.lora_experts]
+
+
+def splits_experts(shape: ModelShape, setup: Setup) -> bool:
+    """Whether the run computes the experts' adapters as base plus low-rank path (anyfit.model.expert_lora)."""
+    return setup.lora_split_experts and shape.experts_split
+
+
+def split_expert_inputs(shape: ModelShape, setup: Setup, a: int) -> float:
+    """Bytes per token per layer the split path keeps for the adapters' gradients: each adapted tensor's input rows
+    (its top_k token-expert pairs, sorted by expert; the frozen experts' products keep none) and the r-wide
+    low-rank product, in the activations' dtype."""
+    if not splits_experts(shape, setup):
+        return 0.0
+    layers, k = max(1, shape.num_layers), shape.experts_per_token
+    return sum(p.count / max(1, shape.num_experts) / layers * k * (p.d_in + setup.lora_r) * a
+               for p in _adapted_experts(shape, setup))
+
+
 def folded_expert_bytes(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     """LoRA on a mixture of experts' fused expert tensors: (bytes kept from the forward to the backward, bytes more
-    around the backward). PEFT folds each adapter into its tensor in every forward (``W + BA``, one ``baddbmm`` in
-    the weight's dtype) and the experts' matmuls keep that folded copy for their backward: a second copy of the
-    experts of every MoE layer that is not checkpointed; in the backward one layer's folded copy (recomputed or
-    kept) and its gradient, both of the tensor's size, exist at once. Measured on a tiny model:
-    tests/unit/planning/test_moe_plan.py."""
-    targets = set(shape.lora_targets(setup.lora_targets, setup.lora_experts)) if setup.lora else set()
-    fused = [p for p in shape.experts if p.name in targets and setup.lora_experts]
+    around the backward), outside the activations per token.
+
+    PEFT's path (lora.split_experts=false, or experts the split path does not reproduce): PEFT folds each adapter
+    into its tensor in every forward (``W + BA``, one ``baddbmm`` in the weight's dtype) and the experts' matmuls
+    keep that folded copy for their backward: a second copy of the experts of every MoE layer that is not
+    checkpointed; in the backward one layer's folded copy (recomputed or kept) and its gradient, both of the
+    tensor's size, exist at once.
+
+    The split path: the low-rank factors in the layout the grouped matmuls take (a copy of the adapter in the
+    weights' dtype, kept for the backward), per MoE layer; its per-token part is ``split_expert_inputs``.
+    Measured on a tiny model: tests/unit/planning/test_moe_plan.py."""
+    fused = _adapted_experts(shape, setup)
     if not fused:
         return 0, 0
     moe_layers = max(1, fused[0].count // max(1, shape.num_experts))
     dtype = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.weight_bytes  # experts are never 4-bit
-    per_layer = sum(p.d_in * p.d_out * p.count for p in fused) // moe_layers * dtype
+    if splits_experts(shape, setup):
+        per_layer = sum(setup.lora_r * (p.d_in + p.d_out) * p.count for p in fused) // moe_layers * dtype
+    else:
+        per_layer = sum(p.d_in * p.d_out * p.count for p in fused) // moe_layers * dtype
     recomputed = round(moe_layers * setup.checkpointed_layers(shape.num_layers) / max(1, shape.num_layers))
     return (moe_layers - recomputed) * per_layer, 2 * per_layer
 
@@ -413,9 +444,10 @@ def forward_transients(shape: ModelShape, setup: Setup, trainable: int, grad_byt
     kept, around = folded_expert_bytes(shape, setup)
     if kept or around:
         transient += kept + around
-        notes.append(f"LoRA on the routed experts: PEFT folds each adapter into its expert tensor per forward and the "
-                     f"folded copy stays until the backward ({(kept + around) / GIB:.1f} GiB; gradient checkpointing "
-                     "keeps one layer's, lora.experts=false none)")
+        if not splits_experts(shape, setup):
+            notes.append(f"LoRA on the routed experts: PEFT folds each adapter into its expert tensor per forward and "
+                         f"the folded copy stays until the backward ({(kept + around) / GIB:.1f} GiB; gradient "
+                         "checkpointing keeps one layer's, lora.split_experts=true none)")
     return transient
 
 

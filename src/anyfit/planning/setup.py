@@ -76,6 +76,7 @@ class Setup:
     lora_r: int = 16
     lora_targets: list[str] | str = "auto"
     lora_experts: bool = True  # lora.experts: a mixture of experts' routed experts carry adapters too
+    lora_split_experts: bool = True  # lora.split_experts: their adapters as base plus low-rank path
     lora_dropout: float = 0.05
     padding: bool = True  # micro-batches padded to their longest (the attention then takes a mask)
     fused_optimizer: bool = True
@@ -173,6 +174,7 @@ def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_ba
                  accumulation=max(1, per_process // micro_batch), processes=processes, fsdp=sharded,
                  offload=sharded and value("runtime.fsdp_offload"), optimizer=value("train.optimizer"),
                  lora_r=cfg.lora.r, lora_targets=cfg.lora.target_modules, lora_experts=cfg.lora.experts,
+                 lora_split_experts=cfg.lora.split_experts,
                  lora_dropout=cfg.lora.dropout, fused_optimizer=cfg.runtime.fused_optimizer,
                  padding=not cfg.train.packing, loss_chunk_tokens=cfg.train.loss_chunk_tokens,
                  fsdp_unsharded_accumulation=not value("runtime.fsdp_reduce_every_micro_batch"),

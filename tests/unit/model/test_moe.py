@@ -70,7 +70,10 @@ def test_the_adapter_loads_back_with_peft(family, tmp_path):
     want = model(input_ids=ids).logits
     model.save_pretrained(tmp_path)
     loaded = PeftModel.from_pretrained(moe_model(family), tmp_path).eval()
-    assert torch.equal(loaded(input_ids=ids).logits, want)
+    # stock PEFT forms W + BA, the trained model adds the low-rank path (anyfit.model.expert_lora): the same up to
+    # fp32 round-off (tests/unit/model/test_expert_lora.py's bound)
+    got = loaded(input_ids=ids).logits
+    assert ((got - want).norm() / want.norm()).item() <= 2**7 * torch.finfo(torch.float32).eps
 
 
 @CURRENT_MOE

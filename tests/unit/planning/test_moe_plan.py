@@ -86,22 +86,33 @@ def _saved_bytes(model, ids) -> int:
 
 
 @CURRENT_MOE
-def test_lora_on_experts_keeps_a_folded_copy_until_the_backward():
-    """PEFT folds the adapter into the fused expert tensor each forward; the planner counts that copy."""
+@pytest.mark.parametrize("split", [True, False])
+def test_lora_on_experts_keeps_what_the_plan_counts(split):
+    """What the forward keeps for the backward beyond the frozen-expert run, against the planner. PEFT's path
+    (lora.split_experts=false) keeps a folded copy of the experts; the split path the adapted tensors' input rows,
+    the r-wide low-rank products and the factors in the grouped matmuls' layout."""
     from anyfit.config import LoraConfig
     from anyfit.model.loading import apply_lora
-    from anyfit.planning.memory import folded_expert_bytes
+    from anyfit.planning.memory import folded_expert_bytes, split_expert_inputs
     from anyfit.planning.setup import Setup
 
     sizes = dict(hidden_size=64, moe_intermediate_size=128, num_experts=8, head_dim=16)
     ids = torch.randint(3, 512, (1, 16))
     saved = {experts: _saved_bytes(apply_lora(moe_model("qwen3_moe", **sizes),
-                                              LoraConfig(enabled=True, r=4, experts=experts)), ids)
+                                              LoraConfig(enabled=True, r=4, experts=experts, split_experts=split)),
+                                   ids)
              for experts in (False, True)}
-    setup = Setup(method="lora", device="cpu", precision="fp32", weight_bytes=4, micro_batch=1, seq_len=16, lora_r=4)
+    setup = Setup(method="lora", device="cpu", precision="fp32", weight_bytes=4, micro_batch=1, seq_len=16, lora_r=4,
+                  lora_split_experts=split)
     shape = shape_from_config(moe_config("qwen3_moe", **sizes))
+    assert shape.experts_split
     kept, around = folded_expert_bytes(shape, setup)
-    assert kept == 4 * sum(p.d_in * p.d_out * p.count for p in shape.experts) and around == kept  # 2 layers
-    assert saved[True] - saved[False] == pytest.approx(kept, rel=0.05)  # + the adapters reshaped for the fold
+    per_token = split_expert_inputs(shape, setup, 4) * shape.num_layers
+    if split:
+        assert kept == 4 * 4 * sum((p.d_in + p.d_out) * p.count for p in shape.experts) and around == kept  # 2 layers
+        assert saved[True] - saved[False] == kept + 16 * per_token
+    else:
+        assert kept == 4 * sum(p.d_in * p.d_out * p.count for p in shape.experts) and around == kept and not per_token
+        assert saved[True] - saved[False] == pytest.approx(kept, rel=0.05)  # + the adapters reshaped for the fold
     assert folded_expert_bytes(shape, dataclasses.replace(setup, lora_experts=False)) == (0, 0)
     assert folded_expert_bytes(shape, dataclasses.replace(setup, gradient_checkpointing=True))[0] == 0

@@ -98,7 +98,7 @@ def test_moe_flops_count_the_active_experts(family):
     per_length = {}
     for experts in (True, False):
         model = apply_lora(moe_model(family, attn_implementation="eager", experts_implementation="eager"),
-                           LoraConfig(enabled=True, r=4, dropout=0.0, experts=experts))
+                           LoraConfig(enabled=True, r=4, dropout=0.0, experts=experts, split_experts=False))
         flops = ModelFlops.of(shape, count_parameters(model)[0], adapter_in_experts(model))
         modelled = flops.of_examples([40], [37]) - flops.of_examples([12], [9])
         per_length[experts] = (_counted(model, _examples([40])) - _counted(model, _examples([12])), modelled)

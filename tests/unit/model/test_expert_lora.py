@@ -1,0 +1,138 @@
+"""LoRA on routed experts as base plus low-rank path (anyfit.model.expert_lora) against PEFT's path (W + BA formed in
+each forward): the same losses and gradients on every family, PEFT's checkpoint and merge, the one-line fallback."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from moe_families import CURRENT_MOE, MOE, moe_model
+from peft import PeftModel
+from peft.tuners.lora import ParamWrapper
+
+from anyfit.config import LoraConfig
+from anyfit.model.expert_lora import check_split, grouped, split_wrapper
+from anyfit.model.loading import apply_lora
+
+# The two paths sum the same products in another order: x·(W + sBA) against x·W + s(xA)B, over reductions of at most
+# 64 terms (hidden 32, intermediate 32/64, rank 4), through 2 layers. fp32 round-off of one such sum is about
+# eps·sqrt(64) of its size; a few dozen of them chained stay under 2^7·eps relative to the outputs' norms.
+ROUND_OFF = 2**7 * torch.finfo(torch.float32).eps
+
+
+def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+
+
+def _adapted(family: str, split: bool):
+    model = apply_lora(moe_model(family), LoraConfig(enabled=True, r=4, dropout=0.0, split_experts=split))
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero: a non-zero adapter to compare
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model
+
+
+def _loss_and_grads(model, ids):
+    out = model(input_ids=ids, labels=ids)
+    out.loss.backward()
+    return out.loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+@CURRENT_MOE
+@pytest.mark.parametrize("family", list(MOE))
+def test_split_path_has_peft_paths_loss_and_gradients(family):
+    ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(0))
+    split, merged = _adapted(family, True), _adapted(family, False)
+    wrappers = [m for m in split.modules() if isinstance(m, ParamWrapper) and m.num_experts > 1]  # not 2-D weights
+    assert not any(isinstance(m, split_wrapper()) for m in merged.modules())
+    if family == "llama4":  # its experts are not transformers' experts-interface class: PEFT's path, one line
+        assert not any(isinstance(m, split_wrapper()) for m in wrappers)
+    else:
+        assert wrappers and all(isinstance(m, split_wrapper()) for m in wrappers)
+    (loss, grads), (want_loss, want_grads) = _loss_and_grads(split, ids), _loss_and_grads(merged, ids)
+    assert grads.keys() == want_grads.keys()
+    assert abs(loss - want_loss) <= ROUND_OFF * want_loss
+    for name, grad in grads.items():
+        assert _rel(grad, want_grads[name]) <= ROUND_OFF, name
+
+
+@CURRENT_MOE
+def test_split_path_never_folds_the_adapter_into_the_experts():
+    """No parametrization (PEFT's W + BA) is registered during the forward, and the tensors kept for the backward
+    hold no expert-sized tensor beyond the weights themselves."""
+    model = _adapted("gpt_oss", True)
+    experts = [m for m in model.modules() if type(m).__name__ == "GptOssExperts"]
+    seen = []
+    hooks = [e.register_forward_pre_hook(lambda m, a: seen.append(m)) for e in experts]
+    model(input_ids=torch.randint(3, 512, (1, 8))).logits.sum().backward()
+    assert not seen  # the experts' own forward (where PEFT's parametrization is read) never ran
+    assert not any(torch.nn.utils.parametrize.is_parametrized(e) for e in experts)
+    for h in hooks:
+        h.remove()
+
+
+@CURRENT_MOE
+@pytest.mark.parametrize("family", ["gpt_oss", "qwen3_moe"])
+def test_checkpoint_is_peft_and_merges_to_the_same_weights(family, tmp_path):
+    """Saved from the split path, the adapter loads into stock PEFT; its merged weights are those of the split
+    model's own merge, and the loaded model's outputs are the split model's up to round-off."""
+    model = _adapted(family, True).eval()
+    ids = torch.randint(3, 512, (2, 8))
+    want = model(input_ids=ids).logits
+    model.save_pretrained(tmp_path)
+    loaded = PeftModel.from_pretrained(moe_model(family), tmp_path).eval()
+    assert not any(isinstance(m, split_wrapper()) for m in loaded.modules())
+    assert _rel(loaded(input_ids=ids).logits, want) <= ROUND_OFF
+    merged, stock = model.merge_and_unload().state_dict(), loaded.merge_and_unload().state_dict()
+    assert merged.keys() == stock.keys()
+    assert all(torch.equal(merged[k], stock[k]) for k in merged)
+
+
+@CURRENT_MOE
+def test_resumed_adapter_state_gives_the_same_step():
+    """The adapter's state dict (what a checkpoint holds) goes back into a fresh split model unchanged."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    ids = torch.randint(3, 512, (2, 8))
+    model = _adapted("qwen3_moe", True)
+    state = {k: v.clone() for k, v in get_peft_model_state_dict(model).items()}
+    fresh = apply_lora(moe_model("qwen3_moe"), LoraConfig(enabled=True, r=4, dropout=0.0))
+    result = set_peft_model_state_dict(fresh, state)
+    assert not result.unexpected_keys
+    assert torch.equal(fresh(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_a_class_whose_forward_computes_otherwise_keeps_peft_path():
+    """The check compares with the class's own forward: an experts class that scales its output differently fails
+    it (the split path would not reproduce it), and so does one without transformers' experts interface."""
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeExperts
+
+    from moe_families import moe_config
+
+    class Scaled(Qwen3MoeExperts):
+        def forward(self, hidden_states, top_k_index, top_k_weights):
+            return 1.5 * super().forward(hidden_states, top_k_index, top_k_weights)
+
+    torch.manual_seed(0)
+    experts = Scaled(moe_config("qwen3_moe"))
+    for p in experts.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    assert "base output differs" in check_split(experts, ["gate_up_proj", "down_proj"], 4)
+    plain = Qwen3MoeExperts(moe_config("qwen3_moe"))
+    plain.load_state_dict(experts.state_dict())
+    assert check_split(plain, ["gate_up_proj", "down_proj"], 4) is None
+    assert "experts interface" in check_split(torch.nn.Linear(2, 2), ["weight"], 4)
+
+
+@pytest.mark.parametrize("rank", [3, 8])
+def test_grouped_product_with_and_without_torch_kernel(rank):
+    """Rank 3 fp32 rows are 12 bytes (torch's grouped kernel wants 16): the loop over experts; rank 8: the kernel.
+    Both equal one matmul per expert's rows, empty experts included."""
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(10, rank, generator=gen), torch.randn(4, rank, 8, generator=gen)
+    offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
+    want = torch.cat([x[:3] @ w[0], x[3:7] @ w[2], x[7:] @ w[3]])
+    assert _rel(grouped(x, w, offsets), want) <= 8 * torch.finfo(torch.float32).eps * math.sqrt(rank)
