@@ -26,7 +26,7 @@ import numpy as np
 from offline_assets import unzip_tokenizer
 from PIL import Image
 
-FAMILIES = ("qwen3_5", "qwen2_5_vl", "qwen3_vl", "gemma3", "mistral3", "idefics3", "llava")
+FAMILIES = ("qwen3_5", "qwen2_5_vl", "qwen3_vl", "gemma3", "mistral3", "idefics3", "llava", "gemma4", "llama4")
 TEMPLATES = Path(__file__).parent / "data" / "vlm_templates"
 KEEP = 1000  # tokens of the shipped vocabulary a cut tokenizer keeps (the bytes and the first merges)
 
@@ -71,7 +71,9 @@ def composite_parts(model_type: str) -> dict:
                                          projection_dim=32)),
         "llama4": dict(text=dict(intermediate_size_mlp=64, num_local_experts=2, interleave_moe_layer_step=2,
                                  attention_chunk_size=64),
-                       vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       # the pixel shuffle (0.5 a side) makes 4 x hidden_size channels, which the adapter's
+                       # first layer takes as intermediate_size (5632 = 4 x 1408 in Llama-4)
+                       vision_config=dict(hidden_size=32, intermediate_size=128, num_hidden_layers=1,
                                           num_attention_heads=2, image_size=32, patch_size=8, vision_output_dim=32,
                                           projector_input_dim=32, projector_output_dim=32)),
         # global layers twice as wide as the sliding ones, as in Gemma-4 (transformers then refuses config.head_dim)
@@ -111,11 +113,25 @@ STAND_INS = {
                         eos="<end_of_utterance>", pad="<|im_end|>", bos="<|im_start|>"),
     "llava": StandIn(("<unk>", "<s>", "</s>", "<image>", "<pad>"), eos="</s>", pad="<pad>", bos="<s>", add_bos=True,
                      named={"image_token": "<image>"}),
+    # Gemma-4's tokenizer prepends nothing (its template writes <bos>); Gemma4Processor reads the image and audio
+    # tokens by these names (and adds <|video|> itself)
+    "gemma4": StandIn(("<pad>", "<eos>", "<bos>", "<|turn>", "<turn|>", "<|channel>", "<channel|>", "<|think|>",
+                       "<|image>", "<image|>", "<|image|>", "<|audio>", "<audio|>", "<|audio|>", "<|video|>"),
+                      eos="<eos>", pad="<pad>", bos="<bos>",
+                      named={"image_token": "<|image|>", "boi_token": "<|image>", "eoi_token": "<image|>",
+                             "audio_token": "<|audio|>", "boa_token": "<|audio>", "eoa_token": "<audio|>"}),
+    # Llama4Processor writes an image as <|image_start|>, tiles of <|patch|> split by the tile separators, <|image|>,
+    # the global tile's <|patch|>es, <|image_end|>; the model places the image features at the <|patch|>es
+    "llama4": StandIn(("<|begin_of_text|>", "<|end_of_text|>", "<|header_start|>", "<|header_end|>", "<|eot|>",
+                       "<|eom|>", "<|python_start|>", "<|python_end|>", "<|finetune_right_pad|>", "<|image_start|>",
+                       "<|image_end|>", "<|image|>", "<|patch|>", "<|tile_x_separator|>", "<|tile_y_separator|>"),
+                      eos="<|eot|>", pad="<|finetune_right_pad|>", bos="<|begin_of_text|>", add_bos=True),
 }
 # Qwen3-VL's own tokenizer is not shipped: Qwen3.5's (the same vision tokens, its successor's template) stands in
 SHIPPED = {"qwen3_5": "qwen-3.5", "qwen2_5_vl": "qwen2.5-vl-3b-instruct-awq", "qwen3_vl": "qwen-3.5"}  # the rest stand in on qwen-2.5
-# transformers' processors of these families need torchvision (Qwen's for its video processor, Pixtral's outright)
-TORCHVISION = frozenset({"qwen3_5", "qwen2_5_vl", "qwen3_vl", "mistral3"})
+# transformers' processors of these families need torchvision (Qwen's and Gemma-4's for their video processors,
+# Pixtral's and Llama-4's image processors outright)
+TORCHVISION = frozenset({"qwen3_5", "qwen2_5_vl", "qwen3_vl", "mistral3", "gemma4", "llama4"})
 
 
 def missing_for(family: str) -> str | None:
@@ -231,7 +247,31 @@ def _processor(family: str, tok, template: str):
         return tf.LlavaProcessor(image_processor=image, tokenizer=tok, chat_template=template, patch_size=patch,
                                  vision_feature_select_strategy=parts["vision_feature_select_strategy"],
                                  num_additional_image_tokens=1)  # CLIP's CLS token
+    if family == "gemma4":
+        return _gemma4_processor(tok, template)
+    if family == "llama4":
+        vision = composite_parts("llama4")["vision_config"]
+        # tiles of 32 (the tower's image size), at most 2x2 of them: a 64x48 image is 2x2 tiles and the whole image
+        # as one more, 4 tokens each (16 patches of 8, pixel-shuffled by 0.5 a side)
+        image = tf.Llama4ImageProcessor(size={"height": vision["image_size"], "width": vision["image_size"]},
+                                        max_patches=4)
+        return tf.Llama4Processor(image_processor=image, tokenizer=tok, chat_template=template,
+                                  patch_size=vision["patch_size"], pixel_shuffle_ratio=0.5)
     raise ValueError(f"unknown family {family!r}: one of {FAMILIES}")
+
+
+def _gemma4_processor(tok, template: str):
+    """Gemma4Processor: its image processor at its smallest budget (70 soft tokens: an image is resized, up or
+    down, to at most 630 patches of 8 pixels, pooled 3x3), the video processor sized as it, and the audio feature
+    extractor it holds (transformers' defaults: the tiny model has no audio tower)."""
+    import transformers as tf
+
+    sizes = dict(patch_size=composite_parts("gemma4")["vision_config"]["patch_size"], max_soft_tokens=70,
+                 pooling_kernel_size=3)
+    return tf.Gemma4Processor(feature_extractor=tf.Gemma4AudioFeatureExtractor(),
+                              image_processor=tf.Gemma4ImageProcessorPil(**sizes),
+                              video_processor=tf.Gemma4VideoProcessor(**sizes, num_frames=2), tokenizer=tok,
+                              chat_template=template, image_seq_length=sizes["max_soft_tokens"])
 
 
 def _token_ids(family: str, tok) -> dict:
@@ -244,7 +284,12 @@ def _token_ids(family: str, tok) -> dict:
                            eoi_token_id=ids("<end_of_image>")),
             "mistral3": dict(image_token_id=ids("[IMG]")),
             "idefics3": dict(image_token_id=ids("<image>")),
-            "llava": dict(image_token_id=ids("<image>"))}[family]
+            "llava": dict(image_token_id=ids("<image>")),
+            "gemma4": dict(image_token_id=ids("<|image|>"), boi_token_id=ids("<|image>"), eoi_token_id=ids("<image|>"),
+                           video_token_id=ids("<|video|>"), audio_token_id=ids("<|audio|>"), boa_token_id=ids("<|audio>"),
+                           eoa_token_index=ids("<audio|>")),
+            "llama4": dict(image_token_id=ids("<|patch|>"), boi_token_id=ids("<|image_start|>"),
+                           eoi_token_id=ids("<|image_end|>"))}[family]
 
 
 def save_vlm(out: Path, family: str) -> Path:
@@ -265,6 +310,8 @@ def save_vlm(out: Path, family: str) -> Path:
                 num_key_value_heads=2, head_dim=8, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, initializer_range=0.3,
                 **parts.pop("text"))
+    if "hidden_size_per_layer_input" in text:  # Gemma-4's per-layer input embeddings, one row per token
+        text["vocab_size_per_layer_input"] = len(tok)
     config = AutoConfig.for_model(family, text_config=text, **parts, **_token_ids(family, tok))
     torch.manual_seed(0)
     model = AutoModelForImageTextToText.from_config(config)

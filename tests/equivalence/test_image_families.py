@@ -1,5 +1,5 @@
 """Image records, exact against each family's own processor and forward: for tiny random-init vision-language models
-of six families with their real processors (``tests/vlm_fixtures``), the token store's ids equal what
+of nine families with their real processors (``tests/vlm_fixtures``), the token store's ids equal what
 ``processor.apply_chat_template(..., tokenize=True)`` gives at inference, the batch's image tensors equal the
 processor's, and anyfit's summed token loss equals transformers' own forward with labels, one example at a time
 (fp32: the same computation, so the same numbers up to the order of a sum)."""
@@ -44,13 +44,27 @@ def _images(tmp_path, sizes):
 
 
 def _reference(images: ImageTokens, messages, refs):
-    """The processor's own inference output on the conversation with the decoded images."""
+    """The processor's own inference output on the conversation with the decoded images. Where the template's
+    generation prompt before the answer is not a prefix of the whole conversation's text (Gemma-4's prompt ends in an
+    empty thought channel its finished turns drop), the model answers after that prompt at inference: the reference
+    is then the prompt's text followed by what the conversation's text writes after the part they share, through
+    the processor as ``apply_chat_template(tokenize=True)`` calls it."""
     from PIL import Image
 
-    pictures = iter(Image.open(ref.path).convert("RGB") for ref in refs)
-    conversation = [{**m, "content": [dict(p, image=next(pictures)) if p["type"] == "image" else p for p in m["content"]]
+    pictures = [Image.open(ref.path).convert("RGB") for ref in refs]
+    shown = iter(pictures)
+    conversation = [{**m, "content": [dict(p, image=next(shown)) if p["type"] == "image" else p for p in m["content"]]
                      if isinstance(m["content"], list) else [{"type": "text", "text": m["content"]}]} for m in messages]
-    return images.processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
+    processor = images.processor
+    whole = processor.apply_chat_template(conversation, tokenize=False)
+    prompt = processor.apply_chat_template(conversation[:-1], tokenize=False, add_generation_prompt=True)
+    if whole.startswith(prompt):
+        return processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
+    at = next(k for k, (a, b) in enumerate(zip(prompt, whole)) if a != b)
+    text = prompt + whole[at:]
+    bos = processor.tokenizer.bos_token  # transformers' apply_chat_template adds no special tokens after a BOS
+    return processor(text=[text], images=[pictures], return_tensors="pt",
+                     add_special_tokens=not (bos and text.startswith(bos)))
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -83,8 +97,9 @@ def test_ids_tensors_and_loss_are_the_processors_and_the_models_own(family, tmp_
 
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
     summed = token_loss_sum(model, batch)
-    with torch.no_grad():
-        own = {k: v[:, :len(ids)] if v.dim() == 2 and v.shape[-1] == len(expected) else v for k, v in reference.items()}
+    with torch.no_grad():  # floating-point inputs in the model's dtype, as transformers' pipeline hands them
+        own = {k: v[:, :len(ids)] if v.dim() == 2 and v.shape[-1] == len(expected) else
+               v.float() if v.is_floating_point() else v for k, v in reference.items()}
         one = model(**own, labels=torch.tensor([labels])).loss * sum(l != IGNORE_INDEX for l in labels[1:])
         two = model(input_ids=torch.tensor([text["input_ids"]]), labels=torch.tensor([text["labels"]])).loss * 3
     torch.testing.assert_close(summed.detach(), one + two, rtol=1e-5, atol=1e-4)

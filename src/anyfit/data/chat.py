@@ -21,9 +21,10 @@ record is refused in one line (templates drop what they do not know without a wo
 The template is met where it stands (``anyfit.data.template_probes`` asks it once): content as parts where it reads
 parts, the tool role as it spells it, a system message folded or dropped (data.system_fallback) where it has no
 system role, ``data.chat_template_kwargs`` handed to it. An empty think block it writes before a turn without
-reasoning is context unless data.train_empty_think; a turn it ends with the next turn's header (GLM's ``<|user|>``)
-gets that header token as its trained stop (``ChatTemplate.with_stop``). The segments are tokenized as one text
-(``anyfit.data.tokenization``), as inference tokenizes the conversation.
+reasoning is context unless data.train_empty_think, and so is one its generation prompt alone writes (Gemma-4's empty
+thought channel: the turn is trained after it, as the model writes it at inference); a turn it ends with the next
+turn's header (GLM's ``<|user|>``) gets that header token as its trained stop (``ChatTemplate.with_stop``). The
+segments are tokenized as one text (``anyfit.data.tokenization``), as inference tokenizes the conversation.
 """
 
 from __future__ import annotations
@@ -215,6 +216,19 @@ class ChatTemplate:
         pad, have = layout.lead[len(layout.lead.rstrip()):], before[len(before.rstrip()):]
         return before + (pad[len(have):] if pad.startswith(have) else "") + traced + between + answer
 
+    def after_prompt_block(self, messages: list[Message], i: int, before: str, through: str) -> str | None:
+        """Turn ``i`` after a generation prompt that ends in a block the finished turn does not hold, where the
+        template itself drops that block from an answer written after it (Gemma-4's empty thought channel,
+        '<|channel>thought\\n<channel|>', which its prompt writes with thinking off and its turns strip): the prompt,
+        then what the finished turn writes after the text the two share, as the model writes it at inference. None
+        otherwise (a block the template keeps in answers, or one it opens and leaves open: ``opened_turn``)."""
+        at = next((k for k, (a, b) in enumerate(zip(before, through)) if a != b), min(len(before), len(through)))
+        block, message = before[at:], messages[i]
+        if not block.strip() or not isinstance(message.get("content"), (str, list)):
+            return None
+        shown = self.apply(messages[:i] + [{**message, "content": prepend_text(message["content"], block)}], False)
+        return before + through[at:] if shown == through else None
+
     @staticmethod
     def _opens(before: str, through: str, layout: ReasoningLayout | None) -> str | None:
         """The text before the block ``before`` opens (its lead, e.g. '<think>\\n', ends it) when ``through`` (the
@@ -316,7 +330,8 @@ def chat_parts(messages: list[Message], trained_turns: list[int], chat: ChatTemp
         before = chat.apply(messages[:i], True)
         through = chat.apply(messages[: i + 1], False)
         if not through.startswith(before):
-            through = chat.opened_turn(messages, i, before, through) or through
+            through = (chat.opened_turn(messages, i, before, through)
+                       or chat.after_prompt_block(messages, i, before, through) or through)
         if not through.startswith(before):
             at = next((k for k, (a, b) in enumerate(zip(before, through)) if a != b), len(before))
             raise DataError(

@@ -33,10 +33,20 @@ from anyfit.model.head import fused_head_of
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
 
 
-def model_inputs(batch: dict) -> dict:
+def model_inputs(batch: dict, dtype: torch.dtype | None = None) -> dict:
     """What the model's forward takes of a collated batch: the token inputs, and the processed images of image
-    examples (``image_inputs``: pixel_values, image_grid_thw, ...; ``anyfit.data.image_batches``)."""
-    return {k: batch[k] for k in MODEL_INPUTS if k in batch} | batch.get("image_inputs", {})
+    examples (``image_inputs``: pixel_values, image_grid_thw, ...; ``anyfit.data.image_batches``), their
+    floating-point tensors in ``dtype`` (the model's) as transformers' image-text-to-text pipeline and anyfit's
+    generation hand them to the model: a processor's dtype is not always the model's (Llama-4's gives bfloat16
+    pixels, which an fp32 tower refuses; widening them is exact)."""
+    images = {k: v.to(dtype) if dtype is not None and isinstance(v, torch.Tensor) and v.is_floating_point() else v
+              for k, v in batch.get("image_inputs", {}).items()}
+    return {k: batch[k] for k in MODEL_INPUTS if k in batch} | images
+
+
+def model_dtype(model: torch.nn.Module) -> torch.dtype:
+    """The dtype image inputs are given to ``model`` in: its parameters' (as ``evaluation.inference`` does)."""
+    return next(model.parameters()).dtype
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
@@ -180,7 +190,7 @@ def source_groups(batch: dict) -> tuple[torch.Tensor | None, int]:
 def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk_tokens: int = 1024) -> torch.Tensor:
     """Sum of next-token cross-entropy over the trained positions of a batch made by ``batching.collate``: one
     number, or the sums per source when the batch names its sources (the module docstring)."""
-    inputs = model_inputs(batch)
+    inputs = model_inputs(batch, model_dtype(model))
     groups, n_groups = source_groups(batch)
     head = fused_head_of(model)
     if head is None:
@@ -202,7 +212,7 @@ def token_loss_sum(model: torch.nn.Module, batch: dict[str, torch.Tensor], chunk
 def kept_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """(N, V) logits at a batch's kept positions (those whose next token is trained), in ``keep_targets``' order:
     what ``training.forgetting`` compares with the base model's."""
-    logits = _kept_outputs(model, model_inputs(batch), batch["keep"])
+    logits = _kept_outputs(model, model_inputs(batch, model_dtype(model)), batch["keep"])
     return logits.reshape(-1, logits.shape[-1])
 
 

@@ -25,6 +25,7 @@ from anyfit.data.batching import to_device
 from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.composite import language_attention
 from anyfit.model.packing import smallest_window, stateful_layers
+from anyfit.training.loss import model_dtype, model_inputs
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
 # dtype's round-off (the same matmuls over different row counts round differently, and that grows through the
@@ -119,9 +120,7 @@ def _positions(length: int) -> list[int]:
 
 
 def _logits(model: nn.Module, batch: dict, keep: list[int], device) -> torch.Tensor:
-    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
-              if k in batch} | batch.get("image_inputs", {})
-    inputs = to_device(inputs, device)
+    inputs = to_device(model_inputs(batch, model_dtype(model)), device)
     kept = torch.tensor(keep, dtype=torch.long, device=device)
     return model(**inputs, logits_to_keep=kept, use_cache=False).logits[0].float()
 

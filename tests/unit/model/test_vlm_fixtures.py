@@ -14,21 +14,26 @@ from vlm_fixtures import FAMILIES, built_vlm, chat_template, make_image, missing
 # The processor class each family's folder loads as, and the image tokens one 64x48 image becomes.
 PROCESSOR = {"qwen3_5": "Qwen3VLProcessor", "qwen2_5_vl": "Qwen2_5_VLProcessor", "qwen3_vl": "Qwen3VLProcessor",
              "gemma3": "Gemma3Processor",
-             "mistral3": "PixtralProcessor", "idefics3": "Idefics3Processor", "llava": "LlavaProcessor"}
+             "mistral3": "PixtralProcessor", "idefics3": "Idefics3Processor", "llava": "LlavaProcessor",
+             "gemma4": "Gemma4Processor", "llama4": "Llama4Processor"}
 IMAGE_TOKENS = {"qwen3_5": 12,  # 6x8 patches of 8 pixels, merged 2x2
                 "qwen2_5_vl": 12,
                 "qwen3_vl": 12,
                 "gemma3": 4,  # mm_tokens_per_image, whatever the image's size
                 "mistral3": 12,  # 3x4 merged patches, plus an [IMG_BREAK] per row but the last, then [IMG_END]
                 "idefics3": 20,  # 2x2 tiles of 32 and the whole image, 4 tokens each
-                "llava": 16}  # 4x4 patches of the 32x32 crop, CLS dropped
+                "llava": 16,  # 4x4 patches of the 32x32 crop, CLS dropped
+                "gemma4": 63,  # resized to its 630-patch budget (216x168: 27x21 patches of 8), pooled 3x3
+                "llama4": 20}  # 2x2 tiles of 32 and the whole image, 4 <|patch|> tokens each
 # What the processor returns: Qwen's M-RoPE needs mm_token_type_ids (which tokens are image tokens), Gemma-3's
-# bidirectional attention over each image token_type_ids, Pixtral the images' sizes, Idefics3 the tiles' masks.
+# bidirectional attention over each image token_type_ids, Pixtral the images' sizes, Idefics3 the tiles' masks,
+# Gemma-4 its patches' positions (its patches padded to the budget) and mm_token_type_ids.
 KEYS = {"qwen3_5": {"mm_token_type_ids", "pixel_values", "image_grid_thw"},
         "qwen2_5_vl": {"mm_token_type_ids", "pixel_values", "image_grid_thw"},
         "qwen3_vl": {"mm_token_type_ids", "pixel_values", "image_grid_thw"},
         "gemma3": {"token_type_ids", "pixel_values"}, "mistral3": {"pixel_values", "image_sizes"},
-        "idefics3": {"pixel_values", "pixel_attention_mask"}, "llava": {"pixel_values"}}
+        "idefics3": {"pixel_values", "pixel_attention_mask"}, "llava": {"pixel_values"},
+        "gemma4": {"mm_token_type_ids", "pixel_values", "image_position_ids"}, "llama4": {"pixel_values"}}
 
 
 @pytest.fixture(params=FAMILIES)
@@ -63,10 +68,12 @@ def model(family: str):
 
 
 def assert_trains(family: str, batch) -> None:
-    """The model takes the processor's output as it is, labels = input_ids, and gives a finite loss with gradients
+    """The model takes the processor's output (floating-point tensors in its dtype, as transformers' pipeline hands
+    them: Llama-4's processor gives bfloat16 pixels), labels = input_ids, and gives a finite loss with gradients
     reaching the vision tower."""
     m = model(family)
     m.zero_grad()
+    batch = batch.to(m.dtype)
     loss = m(**batch, labels=batch["input_ids"]).loss
     assert torch.isfinite(loss), loss
     loss.backward()
@@ -117,7 +124,8 @@ def test_the_folder_is_a_checkpoint_of_the_family(family):
     tokenizer = AutoTokenizer.from_pretrained(folder)
     image_token = {"qwen3_5": "<|image_pad|>", "qwen2_5_vl": "<|image_pad|>", "qwen3_vl": "<|image_pad|>",
                    "gemma3": "<image_soft_token>",
-                   "mistral3": "[IMG]", "idefics3": "<image>", "llava": "<image>"}[family]
+                   "mistral3": "[IMG]", "idefics3": "<image>", "llava": "<image>", "gemma4": "<|image|>",
+                   "llama4": "<|patch|>"}[family]
     assert tokenizer.convert_tokens_to_ids(image_token) == config.image_token_id
     assert config.get_text_config().vocab_size == len(tokenizer) < 1100
     assert AutoProcessor.from_pretrained(folder).chat_template == tokenizer.chat_template == chat_template(family)
