@@ -73,7 +73,7 @@ def test_prompt_ids_are_the_processors_inference_ids(family, tmp_path):
     assert tokenizer.decode(prompt.text_ids) == prompt.text and prompt.text.count(images.placeholder) == 2
 
 
-@pytest.mark.parametrize("family", ["qwen3_5", "gemma3", "llava", "idefics3"])
+@pytest.mark.parametrize("family", ["qwen3_5", "gemma3", "llava", "idefics3", "gemma4", "llama4"])
 def test_batched_generation_equals_one_prompt_at_a_time_and_transformers_own(family, tmp_path):
     from transformers import AutoModelForImageTextToText
 
@@ -92,7 +92,8 @@ def test_batched_generation_equals_one_prompt_at_a_time_and_transformers_own(fam
     text_only = TransformersBackend(model, tokenizer, batch_size=4).generate(prompts[-1:], params)
     assert together[-1] == text_only[0]  # text prompts: the text path, unchanged
 
-    reference = _reference(images.processor, _question(*questions[0][:1])[:-1], examples[0].images)
+    # floating-point inputs in the model's dtype, as transformers' pipeline hands them (Llama-4's pixels are bf16)
+    reference = _reference(images.processor, _question(*questions[0][:1])[:-1], examples[0].images).to(model.dtype)
     own = model.generate(**reference, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id,
                          eos_token_id=None)[0, reference["input_ids"].shape[1]:]
     first = alone.generate(prompts[:1], GenerationParams(max_new_tokens=6))[0]

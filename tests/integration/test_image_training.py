@@ -141,7 +141,7 @@ def test_a_cut_through_an_image_drops_the_example_and_says_so(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multirun
-@pytest.mark.parametrize("family", ("qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "idefics3", "mistral3"))
+@pytest.mark.parametrize("family", ("qwen2_5_vl", "qwen3_vl", "gemma3", "llava", "idefics3", "mistral3", "gemma4", "llama4"))
 def test_packed_image_rows_train_as_padded_ones(family, tmp_path):
     """Packed rows (as the self-test chose: anyfit_varlen, transformers' own attention, the model's own M-RoPE
     positions) give the per-step losses of padded rows: the same examples, the same function. fp32: the tolerance is

@@ -381,3 +381,25 @@ def test_minimax_is_loaded_as_its_tokenizer_json_says(real_tokenizer_dir):
     expected = Tokenizer.from_file(str(folder / "tokenizer.json")).encode(text, add_special_tokens=False).ids
     tokenizer = as_its_file(AutoTokenizer.from_pretrained(folder))
     assert tokenizer(text, add_special_tokens=False)["input_ids"] == expected
+
+
+def test_a_generation_prompt_that_writes_a_block_its_turns_drop_is_context(tmp_path):
+    """Gemma-4's chat template ends its generation prompt with an empty thought channel, thinking off
+    ('<|channel>thought\\n<channel|>'), that its finished turns strip from an answer: each turn is trained after
+    that prompt, as the model writes it at inference, the channel never trained; the next turn, whose history renders
+    without it, is an example of its own. A block the template keeps in an answer is still refused (DeepSeek-R1's
+    open '<think>\\n' above)."""
+    from transformers import AutoTokenizer
+    from vlm_fixtures import STAND_INS, _shipped, chat_template, cut_tokenizer
+
+    gemma4 = AutoTokenizer.from_pretrained(cut_tokenizer(_shipped("qwen-2.5"), tmp_path, STAND_INS["gemma4"]))
+    gemma4.chat_template = chat_template("gemma4")
+    chat = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "And 3+3?"}, {"role": "assistant", "content": "6"}]
+    out, report = rows([{"messages": chat}], gemma4)
+    assert len(out) == 2 and report.split_records == 1
+    for row, k in zip(out, (1, 3)):
+        prompt = gemma4.apply_chat_template(chat[:k], tokenize=False, add_generation_prompt=True)
+        assert prompt.endswith("<|turn>model\n<|channel>thought\n<channel|>")
+        assert row["input_ids"] == gemma4(prompt + chat[k]["content"] + "<turn|>", add_special_tokens=False)["input_ids"]
+        assert trained_spans(gemma4, row) == [chat[k]["content"] + "<turn|>"]

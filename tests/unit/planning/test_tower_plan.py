@@ -53,6 +53,7 @@ def _saved_by_tower(config, processor) -> int:
     conversation = [{"role": "user", "content": [{"type": "image", "image": make_image(300, 200)},
                                                  {"type": "text", "text": "What is it?"}]}]
     inputs = processor.apply_chat_template(conversation, tokenize=True, return_dict=True, return_tensors="pt")
+    inputs = inputs.to(model.dtype)  # as transformers' pipeline hands them (Llama-4's processor gives bf16 pixels)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         model(**inputs)
     return sum(saved.values())

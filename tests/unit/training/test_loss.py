@@ -166,3 +166,19 @@ def test_the_anchor_to_the_base_carries_its_gradient_once_over_the_sources(tiny_
         grads.append([p.grad.clone() for p in model.parameters() if p.requires_grad])
         assert value.shape == ((3,) if batch is mixed else ())
     assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+
+
+def test_image_inputs_reach_the_model_in_its_dtype():
+    """A processor's floating-point tensors go to the model in the model's dtype, as transformers' pipeline hands
+    them (Llama-4's processor gives bf16 pixels, which an fp32 tower refuses); ids, grids and masks stay as they are.
+    bf16 to fp32 is exact."""
+    from anyfit.training.loss import model_inputs
+
+    pixels = torch.randn(2, 3, 4, 4).to(torch.bfloat16)
+    batch = {"input_ids": torch.tensor([[1, 2]]), "attention_mask": torch.ones(1, 2, dtype=torch.long),
+             "image_inputs": {"pixel_values": pixels, "image_grid_thw": torch.tensor([[1, 2, 2]]), "sizes": [(4, 4)]}}
+    inputs = model_inputs(batch, torch.float32)
+    assert inputs["pixel_values"].dtype == torch.float32 and torch.equal(inputs["pixel_values"].bfloat16(), pixels)
+    assert inputs["image_grid_thw"].dtype == torch.long and inputs["sizes"] == [(4, 4)]
+    assert inputs["input_ids"] is batch["input_ids"]
+    assert model_inputs(batch)["pixel_values"] is pixels  # no dtype: as the processor gave them
