@@ -44,9 +44,10 @@ def model_inputs(batch: dict, dtype: torch.dtype | None = None) -> dict:
     return {k: batch[k] for k in MODEL_INPUTS if k in batch} | images
 
 
-def model_dtype(model: torch.nn.Module) -> torch.dtype:
-    """The dtype image inputs are given to ``model`` in: its parameters' (as ``evaluation.inference`` does)."""
-    return next(model.parameters()).dtype
+def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
+    """The dtype image inputs are given to ``model`` in: its floating-point parameters' (a QLoRA base's 4-bit weights
+    are stored as integers), as ``evaluation.inference`` gives them."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):
