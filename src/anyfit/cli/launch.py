@@ -32,6 +32,9 @@ def cmd_launch(args) -> int:
         raise ConfigError("--nodes: several nodes go through SkyPilot (--on skypilot).")
     choice = choose_machine(cfg, model_shape(cfg.model), args.on, args.gpu, args.gpus, examples=args.examples,
                             price_per_hour=args.price_per_hour)
+    if choice.applied:  # the plan's savers, as overrides after the user's: validated again, and in the config shipped
+        args.overrides = [*args.overrides, *choice.applied]
+        cfg = load(args)
     run = args.name or f"{Path(args.config or 'anyfit').stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     secrets = launcher.secret_names(cfg, args.secret)
     namespace = args.namespace
@@ -134,7 +137,8 @@ def register(sub) -> None:
                                       "[key=value ...] --on hf-jobs|skypilot [--gpu auto|NAME] [--dry-run]")
     config_args(p)
     p.add_argument("--on", choices=("hf-jobs", "skypilot"), default="hf-jobs", help="Where to run (default hf-jobs).")
-    p.add_argument("--gpu", default="auto", help="auto (the cheapest machine the config fits as it is), or a "
+    p.add_argument("--gpu", default="auto", help="auto (the cheapest machine the config fits on at the memory "
+                   "savers the plan chooses there, applied as overrides), or a "
                    "machine: an HF Jobs flavor (l40sx1, a100-large, h200x8, ...) or a SkyPilot accelerator (L40S, H100:8).")
     p.add_argument("--gpus", type=int, default=None, help="Only machines with this many GPUs.")
     p.add_argument("--nodes", type=int, default=1, help="Nodes (SkyPilot's num_nodes).")

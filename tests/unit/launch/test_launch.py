@@ -19,6 +19,8 @@ from anyfit.cli import main
 from anyfit.config import ConfigError, load_config
 from anyfit.launch.choose import choose_machine
 from anyfit.launch.machines import HF_JOBS, offer
+from anyfit.planning.ladder import plan_target
+from anyfit.planning.savers import config_overrides
 from anyfit.model.shape import shape_from_config
 
 SHAPE_1_5B = shape_from_config(Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -34,24 +36,44 @@ def test_every_flavor_is_one_of_huggingface_hubs():
     assert all(m.target.price_per_hour > 0 and m.target.device == "cuda" for m in offer("hf-jobs") + offer("skypilot"))
 
 
-def test_auto_takes_the_cheapest_machine_that_fits_as_it_is():
-    choice = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs")
-    assert choice.plan.verdict == "fits" and choice.steps == 100 and choice.cost is not None
+def test_auto_takes_the_cheapest_machine_that_fits_at_the_plans_savers():
+    full = cfg("data.num_samples=800")  # a 1.5B full fine-tune: 8-bit AdamW fits it on an L40S
+    choice = choose_machine(full, SHAPE_1_5B, "hf-jobs")
+    assert choice.steps == 100 and choice.cost is not None
+    assert choice.machine.name == "l40sx1" and choice.applied == ("train.optimizer=adamw_8bit",)
+    assert "applied: train.optimizer=adamw_8bit" in "\n".join(choice.lines())
     for m in offer("hf-jobs"):  # every other flavor is refused by the plan, or costs more over the whole run
         try:
-            alone = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs", m.name)
+            alone = choose_machine(full, SHAPE_1_5B, "hf-jobs", m.name)
         except ConfigError:
             continue
-        assert alone.cost >= choice.cost
-    assert "whole run (100 steps)" in "\n".join(choice.lines())
+        assert alone.cost >= choice.cost and alone.plan.setup.method == "full"
+    # the savers are what anyfit plan chooses on that machine, less what the run decides there itself
+    plan = plan_target(full, SHAPE_1_5B, HF_JOBS["l40sx1"].target, micro_batch=4)
+    assert plan.verdict == "fits with 8-bit AdamW" and set(choice.applied) <= set(config_overrides(plan.setup))
+    lora = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs")
+    assert "whole run (100 steps)" in "\n".join(lora.lines()) and lora.plan.setup.method == "lora"
 
 
-def test_a_named_machine_is_checked_against_the_plan():
+def test_a_plan_that_changes_the_method_or_needs_more_gpus_is_not_taken():
+    # a machine where a full fine-tune fits only as LoRA, or only with Adafactor: refused, naming the settings
     with pytest.raises(ConfigError, match=r"^--gpu t4-small: the config needs LoRA.* there \(add lora.enabled=true"):
         choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "t4-small")
+    with pytest.raises(ConfigError, match=r"^--gpu l4x1: the config needs Adafactor.*train.optimizer=adafactor"):
+        choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "l4x1")
     with pytest.raises(ConfigError, match="Did you mean 'a10g-small'"):
         choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a10g-smal")
+    # a named machine that fits with savers is taken with them: sharding over its own two GPUs
+    two = choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a10g-largex2")
+    assert "runtime.sharding=fsdp" in two.applied and two.plan.setup.processes == 2
     assert choose_machine(cfg(), SHAPE_1_5B, "skypilot", "H100", 2).machine.name == "H100:2"
+
+
+def test_the_runs_own_auto_settings_and_a_deepspeed_config_are_kept():
+    sharded = choose_machine(cfg("runtime.sharding=deepspeed"), SHAPE_1_5B, "hf-jobs", "a10g-largex2")
+    assert not any(a.startswith(("runtime.sharding", "runtime.fsdp_offload")) for a in sharded.applied)
+    single = choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a100-large")  # fits as it is: sharding stays auto
+    assert single.applied == () and single.plan.verdict == "fits"
 
 
 @pytest.fixture
@@ -84,6 +106,21 @@ def test_dry_run_prints_the_spec_and_ships_only_names_of_secrets(proj, capsys):
     spec = _create_job_spec(image="ghcr.io/astral-sh/uv:python3.11-bookworm", command=["bash", "/anyfit/launches/r1/job.sh"],
                             env=None, secrets={"HF_TOKEN": "x"}, flavor="t4-small", timeout="40m")
     assert spec["flavor"] in {h.value for h in JobHardware} and spec["timeoutSeconds"] == 2400
+
+
+def test_the_plans_savers_are_shipped_in_the_resolved_config(proj, capsys):
+    # a 1.5B model's config alone (the planner reads nothing else): a full fine-tune fits an L40S with 8-bit AdamW
+    Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, vocab_size=151936).save_pretrained(proj / "big")
+    assert main(["launch", "c.yaml", "model.name_or_path=big", "train.effective_batch=8", "data.num_samples=800", "train.max_steps=0",
+                 "--name", "r3", "--store", "hf://me/r3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "flavor: l40sx1" in out and "applied: train.optimizer=adamw_8bit (the plan's memory savers" in out
+    from anyfit.cache import cache_root
+
+    launch = cache_root() / "launch" / "launches" / "r3"
+    assert yaml.safe_load((launch / "config.yaml").read_text())["train"]["optimizer"] == "adamw_8bit"
+    assert "anyfit[wandb,cuda] @ file://" in (launch / "job.sh").read_text()  # bitsandbytes comes with the cuda extra
 
 
 def test_skypilot_task(proj, capsys):
