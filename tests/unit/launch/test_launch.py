@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import yaml
 from huggingface_hub import JobHardware
+from hub_standin import serve
 from huggingface_hub._jobs_api import _create_job_spec
 from transformers import Qwen2Config
 
@@ -147,65 +146,14 @@ def test_faults_are_one_line_before_anything_is_built(proj, capsys, argv, said):
     assert said in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-class StandIn(BaseHTTPRequestHandler):
-    """The Hub's Jobs protocol as huggingface_hub speaks it: whoami, job creation, status, logs (SSE), cancel."""
-
-    jobs: dict = {}
-
-    def _send(self, code: int, body, kind="application/json"):
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-    def _job(self, job_id):
-        job = self.jobs[job_id]
-        return {"id": job_id, "owner": {"id": "1", "name": "me", "type": "user"}, "flavor": job["flavor"],
-                "dockerImage": job["dockerImage"], "command": job["command"], "status": {"stage": job["stage"]},
-                "createdAt": "2026-11-28T10:00:00Z", "startedAt": "2026-11-28T10:00:00Z",
-                "finishedAt": "2026-11-28T11:00:00Z" if job["stage"] != "RUNNING" else None, "labels": job["labels"]}
-
-    def do_GET(self):
-        if self.path.startswith("/api/whoami-v2"):
-            return self._send(200, {"name": "me", "type": "user"})
-        parts = self.path.split("?")[0].strip("/").split("/")
-        if parts[:2] == ["api", "jobs"] and len(parts) == 4:
-            return self._send(200, self._job(parts[3]))
-        if parts[:2] == ["api", "jobs"] and parts[-1] == "logs":
-            lines = ["[anyfit launch] run r: a fresh start", "train: done"]
-            return self._send(200, "".join(f"data: {json.dumps({'data': t, 'timestamp': '2026-11-28T10:00:01.000Z'})}\n\n" for t in lines),
-                              "text/event-stream")
-        self._send(404, {"error": "not found"})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        parts = self.path.strip("/").split("/")
-        if parts[:2] == ["api", "jobs"] and len(parts) == 3:
-            if body["flavor"] == "h200x8":
-                return self._send(403, {"error": "flavor not allowed"})
-            job_id = f"job{len(self.jobs)}"
-            self.jobs[job_id] = {**body, "stage": "COMPLETED"}
-            return self._send(200, self._job(job_id))
-        if parts[-1] == "cancel":
-            self.jobs[parts[3]]["stage"] = "CANCELED"
-            return self._send(200, {})
-        self._send(404, {"error": "not found"})
-
-
 @pytest.fixture
 def hub(monkeypatch):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, state = serve()
     monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{server.server_port}")
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    StandIn.jobs.clear()
-    yield StandIn.jobs
+    yield state
     server.shutdown()
+    server.server_close()
 
 
 def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
@@ -216,13 +164,13 @@ def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
               "flavor": "l40sx1", "price_per_hour": 1.8, "timeout": "1h", "retries": 2, "secrets": ["HF_TOKEN"],
               "jobs": []}
     launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
-    sent = hub["job0"]
+    sent = hub.jobs["job0"]
     assert sent["flavor"] == "l40sx1" and sent["attempts"] == 3 and sent["secrets"] == {"HF_TOKEN": "hf_test"}
     assert sent["volumes"][0]["mountPath"] == "/anyfit" and sent["labels"]["anyfit-run"] == "r"
     assert main(["jobs", "status", "r"]) == 0
     assert "COMPLETED on l40sx1, 1 job(s); cost so far $1.80" in capsys.readouterr().out
     assert main(["jobs", "logs", "r"]) == 0 and "train: done" in capsys.readouterr().out
-    assert main(["jobs", "cancel", "r"]) == 0 and hub["job0"]["stage"] == "CANCELED"
+    assert main(["jobs", "cancel", "r"]) == 0 and hub.jobs["job0"]["stage"] == "CANCELED"
     record["flavor"] = "h200x8"
     with pytest.raises(ConfigError, match="this account cannot use flavor h200x8"):
         launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
