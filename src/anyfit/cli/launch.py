@@ -38,8 +38,8 @@ def cmd_launch(args) -> int:
     run = args.name or f"{Path(args.config or 'anyfit').stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     secrets = launcher.secret_names(cfg, args.secret)
     namespace = args.namespace
-    if args.on == "hf-jobs" and not args.dry_run:
-        values = launcher.secret_values(secrets)  # not logged in: refused before anything is uploaded
+    if not args.dry_run:  # not logged in: refused before anything is uploaded (the record goes to the Hub too)
+        values = launcher.secret_values(secrets)
         namespace = launcher.hf_jobs.HfJobs(namespace).owner()
     store = args.store or f"hf://{namespace or '<your user>'}/{run}"
     launch = launcher.Launch(args.on, run, store, choice.machine.gpus, args.nodes, args.detach, args.retries,
@@ -57,7 +57,7 @@ def cmd_launch(args) -> int:
         print("dry run: nothing was uploaded or started")
         return 0
     if args.on == "skypilot":
-        skypilot.submit(task_file, run, launcher.secret_values(secrets), args.detach)
+        launcher.submit_sky(task_file, launch, choice, values)
         return 0
     record = launcher.submit_hf(bundle, launch, choice, values)
     return 0 if args.detach else _follow(record)
@@ -66,10 +66,10 @@ def cmd_launch(args) -> int:
 def _resume(args) -> int:
     from anyfit.launch import launcher  # start-up time: huggingface_hub
 
-    record = launcher.load_record(args.resume)
-    if record["provider"] != "hf-jobs":
-        raise ConfigError(f"{args.resume} ran on {record['provider']}: `sky launch` its task.yaml again (it resumes "
-                          "from the store).")
+    record = launcher.load_record(args.resume, args.namespace)
+    if record["provider"] == "skypilot":
+        launcher.start_sky(record, launcher.secret_values(record["secrets"]), args.detach)
+        return 0
     record = launcher.start_hf(record, launcher.secret_values(record["secrets"]))
     return 0 if args.detach else _follow(record)
 
@@ -96,16 +96,18 @@ def cmd_jobs(args) -> int:
     from anyfit.launch.hf_jobs import HfJobs  # start-up time: huggingface_hub
     from anyfit.launch.store import open_store  # start-up time: huggingface_hub
 
-    record = launcher.load_record(args.run)
+    record = launcher.load_record(args.run, args.namespace)
     if args.action == "fetch":
         out = Path(args.out or f"runs/{args.run}")
-        found = open_store(record["store"]).pull(out)
-        print(f"[anyfit jobs] {record['store']} -> {out} ({len(found)} checkpoint(s)); anyfit report/eval/export "
-              "work on it")
+        store = record["store"]
+        if record["provider"] == "skypilot" and store.startswith(launcher.skypilot.BUCKETS):
+            raise ConfigError(f"{args.run} syncs to the bucket {store}: copy it with the cloud's own tool (e.g. "
+                              f"`aws s3 sync {store} {out}`); anyfit fetches hf:// and folder stores.")
+        found = open_store(store).pull(out)
+        print(f"[anyfit jobs] {store} -> {out} ({len(found)} checkpoint(s)); anyfit report/eval/export work on it")
         return 0
-    if record["provider"] != "hf-jobs":
-        raise ConfigError(f"{args.run} ran on SkyPilot: use `sky status`, `sky logs {args.run}`, `sky down "
-                          f"{args.run}`; `anyfit jobs fetch {args.run}` brings its run folder back.")
+    if record["provider"] == "skypilot":
+        return _sky_jobs(args, record)
     jobs, job_id = HfJobs(record["namespace"]), record["jobs"][-1]["id"]
     if args.action == "logs":
         for line in jobs.logs(job_id, follow=args.follow):
@@ -115,6 +117,26 @@ def cmd_jobs(args) -> int:
         print(f"[anyfit jobs] cancelled {job_id}; continue later with: anyfit launch --resume {args.run}")
     else:
         print(status_line(record, jobs))
+    return 0
+
+
+def _sky_jobs(args, record: dict) -> int:
+    """``anyfit jobs`` of a SkyPilot launch: its cluster (named after the run) through SkyPilot's API."""
+    from anyfit.launch import skypilot  # start-up time: SkyPilot
+
+    cluster = record["run"]
+    if args.action == "logs":
+        skypilot.logs(cluster, args.follow)
+    elif args.action == "cancel":
+        skypilot.down(cluster)
+        print(f"[anyfit jobs] tore down {cluster}; continue later with: anyfit launch --resume {args.run}")
+    else:
+        state, launched = skypilot.status(cluster)
+        price = record["price_per_hour"]
+        cost = "" if launched is None else (f"; cost so far about ${(time.time() - launched) / 3600 * price:,.2f} at "
+                                            f"the table's ${price:.2f}/h (SkyPilot's own figure: sky cost-report)")
+        print(f"{record['run']}: {state} on {record['machine']} x {record['nodes']} node(s), "
+              f"{len(record['jobs'])} launch(es){cost}; store {record['store']}")
     return 0
 
 
@@ -163,5 +185,7 @@ def register(sub) -> None:
     p.add_argument("action", choices=("status", "logs", "cancel", "fetch"))
     p.add_argument("run", help="The run's name (anyfit launch printed it).")
     p.add_argument("--follow", action="store_true", help="logs: stream until the job ends.")
+    p.add_argument("--namespace", default=None, help="The Hub user or organization the run was launched under "
+                   "(default: the one logged in); its launch record is read from there.")
     p.add_argument("--out", default=None, help="fetch: where the run folder goes (default runs/RUN).")
     p.set_defaults(func=cmd_jobs)

@@ -53,15 +53,62 @@ def load_sky():
     return sky
 
 
-def submit(task_file: Path, cluster: str, secrets: dict[str, str], detach: bool) -> None:
-    """``sky launch`` of the task file, through SkyPilot's Python API."""
+def _refused(e: Exception, what: str) -> ConfigError:
+    """SkyPilot's own message names the cloud and the fix (no cloud enabled, quota, no API server): one line."""
+    return ConfigError(f"SkyPilot refused {what}: {' '.join(str(e).split())[:300]} (run `sky check`)")
+
+
+def submit(task_file: Path, cluster: str, secrets: dict[str, str]):
+    """``sky launch`` of the task file (the cluster torn down when the job ends), through SkyPilot's Python API;
+    the request to follow."""
     sky = load_sky()
     task = sky.Task.from_yaml(str(task_file))
     if secrets:
         task.update_secrets(secrets)
     try:
-        request = sky.launch(task, cluster_name=cluster, down=True)
-        if not detach:
-            sky.stream_and_get(request)
-    except Exception as e:  # SkyPilot's own message names the cloud and the fix (no cloud enabled, quota)
-        raise ConfigError(f"SkyPilot refused the launch: {' '.join(str(e).split())[:300]} (run `sky check`)") from None
+        return sky.launch(task, cluster_name=cluster, down=True)
+    except Exception as e:
+        raise _refused(e, "the launch") from None
+
+
+def follow(request) -> None:
+    """The launch's log until the job ends (``sky launch`` without ``--detach-run``)."""
+    sky = load_sky()
+    try:
+        sky.stream_and_get(request)
+    except Exception as e:
+        raise _refused(e, "following the launch") from None
+
+
+def status(cluster: str) -> tuple[str, float | None]:
+    """The cluster's status and when it was launched (Unix seconds; None when SkyPilot has no such cluster: the
+    job ended and the cluster was torn down, or it never came up)."""
+    sky = load_sky()
+    try:
+        found = sky.get(sky.status(cluster_names=[cluster]))
+    except Exception as e:
+        raise _refused(e, f"the status of {cluster}") from None
+    if not found:
+        return "no cluster (ended and torn down, or never up)", None
+    record = found[0]
+    state = getattr(record, "status", None) or record["status"]
+    launched = getattr(record, "launched_at", None) if not isinstance(record, dict) else record.get("launched_at")
+    return getattr(state, "value", str(state)), launched
+
+
+def logs(cluster: str, follow_: bool) -> None:
+    """The job's log (``sky logs``) on this terminal."""
+    sky = load_sky()
+    try:
+        sky.tail_logs(cluster, job_id=None, follow=follow_)
+    except Exception as e:
+        raise _refused(e, f"the log of {cluster}") from None
+
+
+def down(cluster: str) -> None:
+    """The cluster torn down (``sky down``): the job stops; its synced checkpoints stay in the store."""
+    sky = load_sky()
+    try:
+        sky.get(sky.down(cluster))
+    except Exception as e:
+        raise _refused(e, f"tearing down {cluster}") from None

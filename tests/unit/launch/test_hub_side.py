@@ -8,7 +8,7 @@ import hashlib
 import json
 
 import pytest
-from hub_standin import LFS_FROM, serve
+from hub_standin import LFS_FROM
 
 from anyfit.config import ConfigError
 from anyfit.launch.bundle import Bundle, Shipped
@@ -16,20 +16,6 @@ from anyfit.launch.hf_jobs import HfJobs
 from anyfit.launch.store import HubStore
 
 REPO = "me/anyfit-launches"
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    server, state = serve()
-    endpoint = f"http://127.0.0.1:{server.server_port}"
-    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", endpoint)  # HF_ENDPOINT, as read at import
-    monkeypatch.setattr("huggingface_hub.constants.HUGGINGFACE_CO_URL_TEMPLATE",
-                        endpoint + "/{repo_id}/resolve/{revision}/{filename}")
-    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_DISABLE_XET", True)  # see hub_standin's docstring
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    yield state
-    server.shutdown()
-    server.server_close()
 
 
 def bundle(tmp_path, run: str, contents: dict[str, bytes]) -> Bundle:

@@ -3,6 +3,7 @@ job types, faults in one line, and the Hub client driven against a local stand-i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 from pathlib import Path
@@ -10,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 from huggingface_hub import JobHardware
-from hub_standin import serve
 from huggingface_hub._jobs_api import _create_job_spec
 from transformers import Qwen2Config
 
@@ -146,16 +146,6 @@ def test_faults_are_one_line_before_anything_is_built(proj, capsys, argv, said):
     assert said in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-@pytest.fixture
-def hub(monkeypatch):
-    server, state = serve()
-    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    yield state
-    server.shutdown()
-    server.server_close()
-
-
 def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
     from anyfit.launch import launcher
 
@@ -169,8 +159,41 @@ def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
     assert sent["volumes"][0]["mountPath"] == "/anyfit" and sent["labels"]["anyfit-run"] == "r"
     assert main(["jobs", "status", "r"]) == 0
     assert "COMPLETED on l40sx1, 1 job(s); cost so far $1.80" in capsys.readouterr().out
+    # from another machine: the record is read back from the namespace's launch repo (names of secrets only)
+    on_hub = hub.files("me/anyfit-launches", "dataset")["launches/r/record.json"]
+    assert json.loads(on_hub)["jobs"][0]["id"] == "job0" and b"hf_test" not in on_hub
+    launcher.record_path("r").unlink()
+    assert main(["launch", "--resume", "r", "--detach"]) == 0 and hub.jobs["job1"]["flavor"] == "l40sx1"
+    launcher.record_path("r").unlink()
+    assert main(["jobs", "status", "r"]) == 0
+    assert "COMPLETED on l40sx1, 2 job(s); cost so far $3.60" in capsys.readouterr().out
+    assert main(["jobs", "status", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "No launch named nope on this machine or in me/anyfit-launches" in err and err.count("\n") == 1
     assert main(["jobs", "logs", "r"]) == 0 and "train: done" in capsys.readouterr().out
-    assert main(["jobs", "cancel", "r"]) == 0 and hub.jobs["job0"]["stage"] == "CANCELED"
+    assert main(["jobs", "cancel", "r"]) == 0 and hub.jobs["job1"]["stage"] == "CANCELED"  # the last job
     record["flavor"] = "h200x8"
     with pytest.raises(ConfigError, match="this account cannot use flavor h200x8"):
         launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
+
+
+def test_a_skypilot_launch_is_found_and_resumed_from_its_record(hub, tmp_path, capsys, monkeypatch):
+    from anyfit.launch import launcher, skypilot
+
+    task = tmp_path / "task.yaml"
+    task.write_text("name: s\n")
+    record = {"run": "s", "provider": "skypilot", "namespace": "me", "repo": "me/anyfit-launches", "task": str(task),
+              "store": "hf://me/s", "machine": "L4:1", "nodes": 1, "price_per_hour": 0.7, "secrets": ["HF_TOKEN"],
+              "jobs": []}
+    launched = []
+    monkeypatch.setattr(skypilot, "submit", lambda task, cluster, secrets: launched.append((task, cluster, secrets)))
+    launcher.start_sky(record, {"HF_TOKEN": "hf_test"}, detach=True)
+    launcher.record_path("s").unlink()  # another machine: the record comes from the Hub
+    assert main(["launch", "--resume", "s", "--detach"]) == 0
+    assert [c for _, c, _ in launched] == ["s", "s"] and len(launcher.load_record("s")["jobs"]) == 2
+    task.unlink()  # where the bundle is not: refused in one line
+    assert main(["launch", "--resume", "s"]) == 2
+    assert "its SkyPilot task and bundle are on the machine that launched it" in capsys.readouterr().err
+    if importlib.util.find_spec("sky") is None:
+        assert main(["jobs", "status", "s"]) == 2
+        assert "SkyPilot is not installed: pip install 'anyfit[cloud]'" in capsys.readouterr().err
