@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
