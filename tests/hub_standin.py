@@ -13,6 +13,7 @@ import base64
 import hashlib
 import json
 import threading
+import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
@@ -26,10 +27,11 @@ class Repo:
     files: dict[str, bytes] = field(default_factory=dict)
     lfs: set[str] = field(default_factory=set)  # the paths stored as LFS pointers
     commits: int = 0
+    nonce: str = field(default_factory=lambda: uuid.uuid4().hex)  # a revision never seen by an earlier test's cache
 
     @property
     def sha(self) -> str:
-        return hashlib.sha1(f"{self.commits}:{sorted(self.files)}".encode()).hexdigest()
+        return hashlib.sha1(f"{self.nonce}:{self.commits}".encode()).hexdigest()
 
 
 @dataclass
