@@ -131,12 +131,12 @@ def _sky_jobs(args, record: dict) -> int:
         skypilot.down(cluster)
         print(f"[anyfit jobs] tore down {cluster}; continue later with: anyfit launch --resume {args.run}")
     else:
-        state, launched = skypilot.status(cluster)
-        price = record["price_per_hour"]
-        cost = "" if launched is None else (f"; cost so far about ${(time.time() - launched) / 3600 * price:,.2f} at "
-                                            f"the table's ${price:.2f}/h (SkyPilot's own figure: sky cost-report)")
-        print(f"{record['run']}: {state} on {record['machine']} x {record['nodes']} node(s), "
-              f"{len(record['jobs'])} launch(es){cost}; store {record['store']}")
+        since = record["jobs"][-1]["submitted"] if record["jobs"] else time.time()
+        spent = (time.time() - since) / 3600 * record["price_per_hour"]
+        print(f"{record['run']}: on SkyPilot, {record['machine']} x {record['nodes']} node(s), {len(record['jobs'])} "
+              f"launch(es); the last has cost at most ${spent:,.2f} so far (the table's ${record['price_per_hour']:.2f}"
+              f"/h since it was launched; SkyPilot's own figure: sky cost-report); store {record['store']}", flush=True)
+        skypilot.status(cluster)
     return 0
 
 

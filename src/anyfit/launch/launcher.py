@@ -87,7 +87,8 @@ def spec_lines(bundle: Bundle, launch: Launch, choice: Choice | None, secrets: l
                   f"timeout: {timeout_for(choice, launch.timeout)}; attempts: {launch.retries + 1}",
                   f"volume: the launch repo mounted read-only at {hf_jobs.MOUNT}"]
     else:
-        lines += [f"task: {task_file} (sky launch -c {launch.run} {task_file})",
+        lines += [f"task: {task_file}",
+                  f"  = sky {' '.join(skypilot.launch_args(task_file, launch.run, secrets, launch.detach))}",
                   f"resources: {choice.machine.name if choice else '-'}, num_nodes {launch.nodes}"]
     lines += [f"command: {' '.join(bundle.command(hf_jobs.MOUNT if launch.provider == 'hf-jobs' else skypilot.MOUNT))}",
               "  = install the anyfit wheel with pyproject's pins (constraints.txt), anyfit download, anyfit train "
@@ -182,10 +183,8 @@ def start_sky(record: dict, secrets: dict[str, str], detach: bool) -> dict:
     if not task.is_file():
         raise ConfigError(f"{record['run']}: its SkyPilot task and bundle are on the machine that launched it "
                           f"({task}); resume it from there, or launch the config again with the same --store.")
-    request = skypilot.submit(task, record["run"], secrets)
+    skypilot.sky_command()  # not installed: refused before anything is recorded
     record["jobs"].append({"id": record["run"], "submitted": time.time()})
-    save_record(record)
-    print(f"[anyfit launch] SkyPilot cluster {record['run']} launching (sky status {record['run']})")
-    if not detach:
-        skypilot.follow(request)
+    save_record(record)  # first: the launch streams until the job ends, unless detached
+    skypilot.submit(task, record["run"], secrets, detach)
     return record

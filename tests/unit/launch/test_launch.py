@@ -3,9 +3,11 @@ job types, faults in one line, and the Hub client driven against a local stand-i
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import os
 import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -176,23 +178,60 @@ def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
         launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
 
 
+def fake_sky(tmp_path, monkeypatch) -> Path:
+    """A ``sky`` on PATH that writes down its arguments and the secret it was given (SkyPilot is not installed in
+    the test environment: it runs from its own, see anyfit.launch.skypilot)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sky-calls.txt"
+    (bin_dir / "sky").write_text(f'#!/bin/sh\necho "$* | HF_TOKEN=$HF_TOKEN" >> {calls}\n')
+    (bin_dir / "sky").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
 def test_a_skypilot_launch_is_found_and_resumed_from_its_record(hub, tmp_path, capsys, monkeypatch):
-    from anyfit.launch import launcher, skypilot
+    from anyfit.launch import launcher
 
     task = tmp_path / "task.yaml"
     task.write_text("name: s\n")
     record = {"run": "s", "provider": "skypilot", "namespace": "me", "repo": "me/anyfit-launches", "task": str(task),
               "store": "hf://me/s", "machine": "L4:1", "nodes": 1, "price_per_hour": 0.7, "secrets": ["HF_TOKEN"],
               "jobs": []}
-    launched = []
-    monkeypatch.setattr(skypilot, "submit", lambda task, cluster, secrets: launched.append((task, cluster, secrets)))
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"^SkyPilot is not installed: `uv tool install skypilot`"):
+        launcher.start_sky(record, {"HF_TOKEN": "hf_test"}, detach=True)
+    calls = fake_sky(tmp_path, monkeypatch)
     launcher.start_sky(record, {"HF_TOKEN": "hf_test"}, detach=True)
     launcher.record_path("s").unlink()  # another machine: the record comes from the Hub
     assert main(["launch", "--resume", "s", "--detach"]) == 0
-    assert [c for _, c, _ in launched] == ["s", "s"] and len(launcher.load_record("s")["jobs"]) == 2
+    assert len(launcher.load_record("s")["jobs"]) == 2
+    said = calls.read_text().splitlines()
+    assert said == [f"launch -y --down -c s --secret HF_TOKEN --detach-run {task} | HF_TOKEN=hf_test"] * 2
+    assert main(["jobs", "status", "s"]) == 0 and main(["jobs", "logs", "s"]) == 0 and main(["jobs", "cancel", "s"]) == 0
+    assert calls.read_text().splitlines()[2:] == ["status s | HF_TOKEN=hf_test", "logs s --no-follow | HF_TOKEN=hf_test",
+                                                  "down -y s | HF_TOKEN=hf_test"]
+    assert "s: on SkyPilot, L4:1 x 1 node(s), 2 launch(es)" in capsys.readouterr().out
     task.unlink()  # where the bundle is not: refused in one line
     assert main(["launch", "--resume", "s"]) == 2
     assert "its SkyPilot task and bundle are on the machine that launched it" in capsys.readouterr().err
-    if importlib.util.find_spec("sky") is None:
-        assert main(["jobs", "status", "s"]) == 2
-        assert "SkyPilot is not installed: pip install 'anyfit[cloud]'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("sky") is None, reason="SkyPilot is not installed (uv tool install skypilot)")
+def test_the_task_passes_skypilots_own_parser(proj, capsys):
+    assert main(["launch", "c.yaml", "--on", "skypilot", "--gpu", "A100-80GB", "--gpus", "2", "--nodes", "2",
+                 "--name", "r4", "--store", "s3://b/r4", "--dry-run"]) == 0
+    from anyfit.cache import cache_root
+
+    task = cache_root() / "launch" / "launches" / "r4" / "task.yaml"
+    python = Path(shutil.which("sky")).read_text().splitlines()[0].removeprefix("#!")  # sky's own environment
+    # as `sky launch --secret HF_TOKEN --secret WANDB_API_KEY task.yaml` reads it: the secrets' values from the
+    # command's environment (stand-ins here), the names from the file
+    check = ("import sys, sky, yaml; sky.Task.from_yaml(sys.argv[1]); "
+             "t = sky.Task.from_yaml_config(yaml.safe_load(open(sys.argv[1])), "
+             "secrets_overrides=[('HF_TOKEN', 'x'), ('WANDB_API_KEY', 'y')]); r = list(t.resources)[0]; "
+             "print(t.num_nodes, r.accelerators, sorted(t.secrets), sorted(t.file_mounts or {}), "
+             "sorted(t.storage_mounts or {}))")
+    out = subprocess.run([python, "-c", check, str(task)], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[-2] == ("2 {'A100-80GB': 2} ['HF_TOKEN', 'WANDB_API_KEY'] ['/anyfit'] "
+                                    "['/anyfit-store']"), out
