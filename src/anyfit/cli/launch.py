@@ -121,7 +121,7 @@ def cmd_jobs(args) -> int:
 
 
 def _sky_jobs(args, record: dict) -> int:
-    """``anyfit jobs`` of a SkyPilot launch: its cluster (named after the run) through SkyPilot's API."""
+    """``anyfit jobs`` of a SkyPilot launch: its cluster (named after the run) through its command line, sky."""
     from anyfit.launch import skypilot  # start-up time: SkyPilot
 
     cluster = record["run"]
