@@ -76,7 +76,8 @@ def test_the_job_command_trains_as_the_local_run_then_resumes_from_the_store(tin
     store_c = tmp_path / "store-c"
     job_sh = staged(cfg, tmp_path, store_c, *longer)
     victim = start_job(job_sh, tmp_path / "machine-c1")
-    wait_for(lambda: (store_c / "checkpoint-4" / "trainer_state.json").exists(), victim)
+    # any checkpoint: on a fast machine checkpoint-4 is pruned (keep_last 2) before a poll of the store sees it
+    wait_for(lambda: any(store_c.glob("checkpoint-*/trainer_state.json")), victim)
     os.killpg(victim.pid, signal.SIGKILL)  # the machine goes away: the job and everything it started
     victim.wait()
     assert not (store_c / "model.safetensors").exists()

@@ -32,11 +32,14 @@ def cmd_launch(args) -> int:
         raise ConfigError("--nodes: several nodes go through SkyPilot (--on skypilot).")
     choice = choose_machine(cfg, model_shape(cfg.model), args.on, args.gpu, args.gpus, examples=args.examples,
                             price_per_hour=args.price_per_hour)
+    if choice.applied:  # the plan's savers, as overrides after the user's: validated again, and in the config shipped
+        args.overrides = [*args.overrides, *choice.applied]
+        cfg = load(args)
     run = args.name or f"{Path(args.config or 'anyfit').stem}-{time.strftime('%Y%m%d-%H%M%S')}"
     secrets = launcher.secret_names(cfg, args.secret)
     namespace = args.namespace
-    if args.on == "hf-jobs" and not args.dry_run:
-        values = launcher.secret_values(secrets)  # not logged in: refused before anything is uploaded
+    if not args.dry_run:  # not logged in: refused before anything is uploaded (the record goes to the Hub too)
+        values = launcher.secret_values(secrets)
         namespace = launcher.hf_jobs.HfJobs(namespace).owner()
     store = args.store or f"hf://{namespace or '<your user>'}/{run}"
     launch = launcher.Launch(args.on, run, store, choice.machine.gpus, args.nodes, args.detach, args.retries,
@@ -54,7 +57,7 @@ def cmd_launch(args) -> int:
         print("dry run: nothing was uploaded or started")
         return 0
     if args.on == "skypilot":
-        skypilot.submit(task_file, run, launcher.secret_values(secrets), args.detach)
+        launcher.submit_sky(task_file, launch, choice, values)
         return 0
     record = launcher.submit_hf(bundle, launch, choice, values)
     return 0 if args.detach else _follow(record)
@@ -63,10 +66,10 @@ def cmd_launch(args) -> int:
 def _resume(args) -> int:
     from anyfit.launch import launcher  # start-up time: huggingface_hub
 
-    record = launcher.load_record(args.resume)
-    if record["provider"] != "hf-jobs":
-        raise ConfigError(f"{args.resume} ran on {record['provider']}: `sky launch` its task.yaml again (it resumes "
-                          "from the store).")
+    record = launcher.load_record(args.resume, args.namespace)
+    if record["provider"] == "skypilot":
+        launcher.start_sky(record, launcher.secret_values(record["secrets"]), args.detach)
+        return 0
     record = launcher.start_hf(record, launcher.secret_values(record["secrets"]))
     return 0 if args.detach else _follow(record)
 
@@ -93,16 +96,18 @@ def cmd_jobs(args) -> int:
     from anyfit.launch.hf_jobs import HfJobs  # start-up time: huggingface_hub
     from anyfit.launch.store import open_store  # start-up time: huggingface_hub
 
-    record = launcher.load_record(args.run)
+    record = launcher.load_record(args.run, args.namespace)
     if args.action == "fetch":
         out = Path(args.out or f"runs/{args.run}")
-        found = open_store(record["store"]).pull(out)
-        print(f"[anyfit jobs] {record['store']} -> {out} ({len(found)} checkpoint(s)); anyfit report/eval/export "
-              "work on it")
+        store = record["store"]
+        if record["provider"] == "skypilot" and store.startswith(launcher.skypilot.BUCKETS):
+            raise ConfigError(f"{args.run} syncs to the bucket {store}: copy it with the cloud's own tool (e.g. "
+                              f"`aws s3 sync {store} {out}`); anyfit fetches hf:// and folder stores.")
+        found = open_store(store).pull(out)
+        print(f"[anyfit jobs] {store} -> {out} ({len(found)} checkpoint(s)); anyfit report/eval/export work on it")
         return 0
-    if record["provider"] != "hf-jobs":
-        raise ConfigError(f"{args.run} ran on SkyPilot: use `sky status`, `sky logs {args.run}`, `sky down "
-                          f"{args.run}`; `anyfit jobs fetch {args.run}` brings its run folder back.")
+    if record["provider"] == "skypilot":
+        return _sky_jobs(args, record)
     jobs, job_id = HfJobs(record["namespace"]), record["jobs"][-1]["id"]
     if args.action == "logs":
         for line in jobs.logs(job_id, follow=args.follow):
@@ -112,6 +117,26 @@ def cmd_jobs(args) -> int:
         print(f"[anyfit jobs] cancelled {job_id}; continue later with: anyfit launch --resume {args.run}")
     else:
         print(status_line(record, jobs))
+    return 0
+
+
+def _sky_jobs(args, record: dict) -> int:
+    """``anyfit jobs`` of a SkyPilot launch: its cluster (named after the run) through its command line, sky."""
+    from anyfit.launch import skypilot  # start-up time: SkyPilot
+
+    cluster = record["run"]
+    if args.action == "logs":
+        skypilot.logs(cluster, args.follow)
+    elif args.action == "cancel":
+        skypilot.down(cluster)
+        print(f"[anyfit jobs] tore down {cluster}; continue later with: anyfit launch --resume {args.run}")
+    else:
+        since = record["jobs"][-1]["submitted"] if record["jobs"] else time.time()
+        spent = (time.time() - since) / 3600 * record["price_per_hour"]
+        print(f"{record['run']}: on SkyPilot, {record['machine']} x {record['nodes']} node(s), {len(record['jobs'])} "
+              f"launch(es); the last has cost at most ${spent:,.2f} so far (the table's ${record['price_per_hour']:.2f}"
+              f"/h since it was launched; SkyPilot's own figure: sky cost-report); store {record['store']}", flush=True)
+        skypilot.status(cluster)
     return 0
 
 
@@ -134,7 +159,8 @@ def register(sub) -> None:
                                       "[key=value ...] --on hf-jobs|skypilot [--gpu auto|NAME] [--dry-run]")
     config_args(p)
     p.add_argument("--on", choices=("hf-jobs", "skypilot"), default="hf-jobs", help="Where to run (default hf-jobs).")
-    p.add_argument("--gpu", default="auto", help="auto (the cheapest machine the config fits as it is), or a "
+    p.add_argument("--gpu", default="auto", help="auto (the cheapest machine the config fits on at the memory "
+                   "savers the plan chooses there, applied as overrides), or a "
                    "machine: an HF Jobs flavor (l40sx1, a100-large, h200x8, ...) or a SkyPilot accelerator (L40S, H100:8).")
     p.add_argument("--gpus", type=int, default=None, help="Only machines with this many GPUs.")
     p.add_argument("--nodes", type=int, default=1, help="Nodes (SkyPilot's num_nodes).")
@@ -159,5 +185,7 @@ def register(sub) -> None:
     p.add_argument("action", choices=("status", "logs", "cancel", "fetch"))
     p.add_argument("run", help="The run's name (anyfit launch printed it).")
     p.add_argument("--follow", action="store_true", help="logs: stream until the job ends.")
+    p.add_argument("--namespace", default=None, help="The Hub user or organization the run was launched under "
+                   "(default: the one logged in); its launch record is read from there.")
     p.add_argument("--out", default=None, help="fetch: where the run folder goes (default runs/RUN).")
     p.set_defaults(func=cmd_jobs)

@@ -1,12 +1,15 @@
 """Which machine a launch rents: ``--gpu auto`` takes the cheapest machine of the provider's offer on which the
-planner (``anyfit plan``'s ``plan_target``) says the config fits as it is, for the whole run (or per 100 steps
-when the run's length is unknown); ``--gpu NAME`` is planned alone and refused in one line with the plan's reason
-when the config does not fit there as it is.
+planner (``anyfit plan``'s ``plan_target``) fits the config at the memory savers it chooses there, for the whole run
+(or per 100 steps when the run's length is unknown); ``--gpu NAME`` is planned alone and checked the same way,
+refused in one line with the plan's reason.
 
-"Fits as it is": the plan's verdict is ``fits`` (the micro-batch may be chosen, as ``train.micro_batch=auto``
-chooses it on the machine). A plan that needs a saver the config does not turn on (checkpointing, 8-bit states,
-LoRA, ...) is not taken silently: the launch ships the config that passed locally, so the refusal names the
-settings to add (they change the run: the user decides).
+The savers the plan chooses (checkpointing, 8-bit AdamW, FSDP sharding or CPU offload over the machine's GPUs,
+sequence parallelism, activation offload, tiled MLP, fused loss) keep the method and its data, so the launch takes
+them: they are shipped as overrides of the resolved config (``Choice.applied``, printed in the spec), since
+``anyfit train`` applies only its own ``auto`` settings (``train.micro_batch``, ``runtime.sharding``,
+``runtime.sequence_parallel``) by itself, and those it keeps deciding on the machine. A plan that changes what is
+trained (LoRA or QLoRA for a full fine-tune, Adafactor for AdamW) or needs more GPUs than the machine has is not
+taken: the refusal names the settings (they change the run: the user decides).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ class Choice:
     machine: Machine
     plan: TargetPlan
     steps: int | None
+    applied: tuple[str, ...] = ()  # the plan's savers the config does not have, as key=value overrides
 
     @property
     def seconds(self) -> float | None:
@@ -56,6 +60,8 @@ class Choice:
                 f"plan: {p.verdict}; micro-batch {s.micro_batch} x accumulation {s.accumulation} x {s.processes} "
                 f"process{'es' if s.processes > 1 else ''}, {s.precision}, peak {p.memory.peak / 2**30:.1f} of "
                 f"{p.budget_bytes / 2**30:.1f} GiB per GPU",
+                *([f"applied: {' '.join(self.applied)} (the plan's memory savers, shipped as overrides of the "
+                   "resolved config)"] if self.applied else []),
                 f"time and cost: {duration_text(p.seconds_per_100_steps)} and ${p.cost_per_100_steps:.2f} per 100 steps"
                 + run,
                 price_note(self.machine.provider)]
@@ -70,28 +76,41 @@ def run_steps(cfg: Config, plan: TargetPlan) -> int | None:
     return int(cfg.train.epochs * plan.steps_per_epoch)
 
 
-def fits_as_is(plan: TargetPlan) -> bool:
-    return plan.setup is not None and plan.verdict == "fits"
+def method(cfg: Config) -> str:
+    return "qlora" if cfg.lora.qlora else ("lora" if cfg.lora.enabled else "full")
 
 
-def _changes(cfg: Config, plan: TargetPlan) -> list[str]:
-    """The plan's settings (``key=value``) that differ from the config's."""
+def differences(cfg: Config, plan: TargetPlan) -> list[str]:
+    """The plan's settings (``key=value``, ``anyfit plan``'s ``config_overrides``) that differ from the config's,
+    less what the run decides itself on the machine: the micro-batch, and ``runtime.sharding`` /
+    ``runtime.sequence_parallel`` left at ``auto`` where the plan does not turn them on (the run asks the same
+    planner, ``anyfit.planning.recommend``); a DeepSpeed config keeps DeepSpeed (the plan counts it as FSDP2)."""
     out = []
     for item in config_overrides(plan.setup):
         key, value = item.split("=", 1)
-        section, name = key.split(".", 1)
-        have = getattr(getattr(cfg, section), name, None)
-        if str(have).lower() != value.lower() and key != "train.micro_batch":  # the micro-batch is chosen there
+        have = cfg.value(key)
+        if key == "train.micro_batch" or (have == "auto" and value in ("none", "1")):
+            continue
+        if cfg.runtime.sharding == "deepspeed" and key in ("runtime.sharding", "runtime.fsdp_offload"):
+            continue
+        if str(have).lower() != value.lower():
             out.append(item)
     return out
 
 
-def _why_not(cfg: Config, plan: TargetPlan) -> str:
-    """The plan's reason a machine does not take the config as it is, with the settings that would make it."""
+def why_not(cfg: Config, plan: TargetPlan, machine: Machine) -> str:
+    """Why a launch does not take ``plan`` on ``machine`` ('' when it does): nothing fits, the plan changes what
+    is trained (another method, Adafactor), or it needs more GPUs of this kind than the machine has."""
     if plan.setup is None:
         return f"{plan.verdict} ({'; '.join(plan.notes[-1:]) or 'nothing fits'})"
-    return (f"the config {plan.verdict} there (add {' '.join(_changes(cfg, plan))} to the command, or pick a "
-            "larger machine)")
+    s = plan.setup
+    if s.processes > machine.gpus:
+        return (f"the config {plan.verdict} there: {s.processes} GPUs of this kind (pick a machine with them, "
+                "or a larger GPU)")
+    if s.method != method(cfg) or (s.optimizer == "adafactor" and cfg.train.optimizer != "adafactor"):
+        return (f"the config {plan.verdict} there (add {' '.join(differences(cfg, plan))} to the command, or pick "
+                "a larger machine)")
+    return ""
 
 
 def _price(machine: Machine, price_per_hour: float | None) -> Machine:
@@ -102,8 +121,8 @@ def _price(machine: Machine, price_per_hour: float | None) -> Machine:
 
 def choose_machine(cfg: Config, shape: ModelShape, provider: str, gpu: str = "auto", gpus: int | None = None,
                    examples: int | None = None, price_per_hour: float | None = None) -> Choice:
-    """The machine to rent for ``cfg`` on ``provider`` and its plan, or ``ConfigError`` (one line) when none
-    takes the config as it is. ``gpus``: only machines with that many GPUs."""
+    """The machine to rent for ``cfg`` on ``provider``, its plan and the savers to apply, or ``ConfigError`` (one
+    line) when none takes the config (``why_not``). ``gpus``: only machines with that many GPUs."""
     machines = offer(provider)
     if gpu != "auto":
         names = {m.name.lower(): m for m in machines}
@@ -123,14 +142,14 @@ def choose_machine(cfg: Config, shape: ModelShape, provider: str, gpu: str = "au
     micro = None if cfg.train.micro_batch == "auto" else cfg.train.micro_batch
     plans = [(m, plan_target(cfg, shape, _price(m, price_per_hour).target, examples=examples, micro_batch=micro))
              for m in machines]
-    fitting = [(m, p) for m, p in plans if fits_as_is(p)]
+    fitting = [(m, p) for m, p in plans if not why_not(cfg, p, m)]
     if gpu != "auto" and not fitting:
         m, p = plans[0]
-        raise ConfigError(f"--gpu {m.name}: {_why_not(cfg, p)}.")
+        raise ConfigError(f"--gpu {m.name}: {why_not(cfg, p, m)}.")
     if not fitting:
         best = min(plans, key=lambda mp: (mp[1].setup is None, mp[1].cost_per_100_steps or 0.0))
-        raise ConfigError(f"No {provider} machine takes this config as it is; the cheapest plan, on "
-                          f"{best[0].name}: {_why_not(cfg, best[1])}.")
-    choices = [Choice(m, p, run_steps(cfg, p)) for m, p in fitting]
+        raise ConfigError(f"No {provider} machine takes this config at the savers that keep its method; the "
+                          f"cheapest plan, on {best[0].name}: {why_not(cfg, best[1], best[0])}.")
+    choices = [Choice(m, p, run_steps(cfg, p), tuple(differences(cfg, p))) for m, p in fitting]
     return min(choices, key=lambda c: (c.cost if c.cost is not None else c.plan.cost_per_100_steps,
                                        c.plan.price_per_hour, c.machine.gpus))

@@ -8,8 +8,10 @@ A refusal of the Hub (no token, no credit, a flavor the account cannot use) is t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from anyfit.config import ConfigError
 from anyfit.launch.bundle import Bundle
@@ -17,6 +19,8 @@ from anyfit.launch.bundle import Bundle
 IMAGE = "ghcr.io/astral-sh/uv:python3.11-bookworm"  # uv and Python 3.11 (the pins' Python); torch brings CUDA
 MOUNT = "/anyfit"
 WORK = "/tmp/anyfit-work"  # the job's writable disk (the flavor's ephemeral storage)
+LAUNCHES = "anyfit-launches"  # the private dataset repo of a namespace's launches: bundles and records
+RECORD = "record.json"
 
 
 def hub_fault(e: Exception, what: str, flavor: str | None = None) -> ConfigError:
@@ -85,6 +89,31 @@ class HfJobs:
         except Exception as e:
             raise hub_fault(e, f"uploading the launch to {repo}") from None
         return new
+
+    def put_record(self, repo: str, record: dict) -> None:
+        """The launch record (no secret values: their names) beside the launch in ``repo``, so ``anyfit jobs``
+        and ``--resume`` work from any machine logged in to the namespace."""
+        api = self.api()
+        try:
+            api.create_repo(repo, repo_type="dataset", private=True, exist_ok=True)
+            api.upload_file(path_or_fileobj=json.dumps(record, indent=1).encode(), repo_id=repo, repo_type="dataset",
+                            path_in_repo=f"launches/{record['run']}/{RECORD}",
+                            commit_message=f"anyfit launch {record['run']}: its record")
+        except Exception as e:
+            raise hub_fault(e, f"writing the launch record to {repo}") from None
+
+    def get_record(self, repo: str, run: str) -> dict | None:
+        """The launch record of ``run`` in ``repo`` (None when the repo or the launch is not there)."""
+        from huggingface_hub import hf_hub_download  # start-up time: only when launching
+        from huggingface_hub.errors import EntryNotFoundError, RepositoryNotFoundError
+
+        try:
+            path = hf_hub_download(repo, f"launches/{run}/{RECORD}", repo_type="dataset", token=token_or_refuse())
+        except (EntryNotFoundError, RepositoryNotFoundError):
+            return None
+        except Exception as e:
+            raise hub_fault(e, f"reading the launch record of {run} from {repo}") from None
+        return json.loads(Path(path).read_text())
 
     def submit(self, run: str, command: list[str], repo: str, flavor: str, secrets: dict[str, str], timeout: str,
                retries: int):

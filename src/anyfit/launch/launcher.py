@@ -87,7 +87,8 @@ def spec_lines(bundle: Bundle, launch: Launch, choice: Choice | None, secrets: l
                   f"timeout: {timeout_for(choice, launch.timeout)}; attempts: {launch.retries + 1}",
                   f"volume: the launch repo mounted read-only at {hf_jobs.MOUNT}"]
     else:
-        lines += [f"task: {task_file} (sky launch -c {launch.run} {task_file})",
+        lines += [f"task: {task_file}",
+                  f"  = sky {' '.join(skypilot.launch_args(task_file, launch.run, secrets, launch.detach))}",
                   f"resources: {choice.machine.name if choice else '-'}, num_nodes {launch.nodes}"]
     lines += [f"command: {' '.join(bundle.command(hf_jobs.MOUNT if launch.provider == 'hf-jobs' else skypilot.MOUNT))}",
               "  = install the anyfit wheel with pyproject's pins (constraints.txt), anyfit download, anyfit train "
@@ -112,22 +113,39 @@ def record_path(run: str) -> Path:
 
 
 def save_record(record: dict) -> None:
+    """The launch record here (the cache) and in the namespace's launch repo on the Hub, where ``anyfit jobs`` and
+    ``--resume`` read it from any machine."""
     path = record_path(record["run"])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
+    hf_jobs.HfJobs(record["namespace"]).put_record(record["repo"], record)
 
 
-def load_record(run: str) -> dict:
+def load_record(run: str, namespace: str | None = None) -> dict:
+    """The launch record of ``run``: the Hub's copy when logged in (it has the jobs any machine started for the
+    run), else the one this machine wrote; refused in one line when neither has it."""
     path = record_path(run)
-    if not path.is_file():
-        known = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
-        raise ConfigError(f"No launch named {run} from this machine (known: {', '.join(known) or 'none'}).")
-    return json.loads(path.read_text())
+    local = json.loads(path.read_text()) if path.is_file() else None
+    if hf_jobs.has_token():
+        jobs = hf_jobs.HfJobs(namespace or (local or {}).get("namespace"))
+        repo = f"{jobs.owner()}/{hf_jobs.LAUNCHES}"
+        remote = jobs.get_record(repo, run)
+        if remote is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(remote, indent=1))
+            return remote
+        where = f"on this machine or in {repo} (another namespace: --namespace)"
+    else:
+        where = "on this machine (log in to the Hub, `hf auth login`, to read launches made elsewhere)"
+    if local is not None:
+        return local
+    known = sorted(p.stem for p in path.parent.glob("*.json")) if path.parent.is_dir() else []
+    raise ConfigError(f"No launch named {run} {where}; launched from here: {', '.join(known) or 'none'}.")
 
 
 def submit_hf(bundle: Bundle, launch: Launch, choice: Choice, secrets: dict[str, str]) -> dict:
     jobs = hf_jobs.HfJobs(launch.namespace)
-    repo = f"{jobs.owner()}/anyfit-launches"
+    repo = f"{jobs.owner()}/{hf_jobs.LAUNCHES}"
     sent = jobs.upload(bundle, repo)
     print(f"[anyfit launch] uploaded the launch to {repo} ({len(sent)} new file(s); the others were there)")
     record = {"run": launch.run, "provider": "hf-jobs", "namespace": jobs.owner(), "repo": repo,
@@ -146,4 +164,27 @@ def start_hf(record: dict, secrets: dict[str, str]) -> dict:
     record["jobs"].append({"id": job.id, "url": job.url, "submitted": time.time()})
     save_record(record)
     print(f"[anyfit launch] job {job.id} started: {job.url}")
+    return record
+
+
+def submit_sky(task_file: Path, launch: Launch, choice: Choice, secrets: dict[str, str]) -> dict:
+    """``sky launch`` of the task, and its record (on the Hub too, as for HF Jobs)."""
+    record = {"run": launch.run, "provider": "skypilot", "namespace": launch.namespace,
+              "repo": f"{launch.namespace}/{hf_jobs.LAUNCHES}", "task": str(task_file), "store": launch.store,
+              "machine": choice.machine.name, "nodes": launch.nodes,
+              "price_per_hour": choice.plan.price_per_hour * launch.nodes, "secrets": sorted(secrets), "jobs": []}
+    return start_sky(record, secrets, launch.detach)
+
+
+def start_sky(record: dict, secrets: dict[str, str], detach: bool) -> dict:
+    """The task launched again as a SkyPilot cluster named after the run (a first start or a resume: the job
+    resumes from the store), recorded. The task's files are the bundle on the machine that launched it."""
+    task = Path(record["task"])
+    if not task.is_file():
+        raise ConfigError(f"{record['run']}: its SkyPilot task and bundle are on the machine that launched it "
+                          f"({task}); resume it from there, or launch the config again with the same --store.")
+    skypilot.sky_command()  # not installed: refused before anything is recorded
+    record["jobs"].append({"id": record["run"], "submitted": time.time()})
+    save_record(record)  # first: the launch streams until the job ends, unless detached
+    skypilot.submit(task, record["run"], secrets, detach)
     return record

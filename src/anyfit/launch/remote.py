@@ -8,8 +8,8 @@ the anyfit wheel is installed).
 3. ``anyfit download`` (the model and hub data, before the clock-heavy part), then ``anyfit train`` with
    ``train.resume=auto``: one process per GPU under torchrun (``torch.distributed.run``, as anyfit runs several
    GPUs), several nodes through SkyPilot's node variables.
-4. While training runs, pushes the run folder to the store every ``sync_every`` seconds (node 0), and once more
-   at the end, whatever the exit status.
+4. While training runs, pushes the run folder to the store (node 0): each checkpoint as soon as it is complete,
+   the rest every ``sync_every`` seconds, and once more at the end, whatever the exit status.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from anyfit.launch.store import open_store
@@ -49,12 +50,22 @@ def train_command(gpus: int, env: dict[str, str]) -> list[str]:
     return [*cmd, *train]
 
 
-class Syncer:
-    """Pushes the run folder to the store every ``every`` seconds in a thread, and on ``finish``. A push that
-    fails (the network, a checkpoint pruned while it was read) is said in one line and tried again next time."""
+def checkpoint_names(run: Path) -> set[str]:
+    """The complete checkpoints of the run folder: a ``checkpoint-<step>`` folder appears only once the loop has
+    written it whole (under a hidden name) and renamed it."""
+    if not run.is_dir():
+        return set()
+    return {e.name for e in os.scandir(run) if e.is_dir() and e.name.startswith("checkpoint-")}
 
-    def __init__(self, store, run: Path, every: float):
-        self.store, self.run, self.every = store, run, every
+
+class Syncer:
+    """Pushes the run folder to the store from a thread: as soon as a new checkpoint is complete (the run folder's
+    top level looked at every ``poll`` seconds: one directory listing, so a watcher library would buy nothing),
+    every ``every`` seconds for the rest (metrics, logs), and on ``finish``. A push that fails (the network, a
+    checkpoint pruned while it was read) is said in one line and tried again at the next periodic push."""
+
+    def __init__(self, store, run: Path, every: float, poll: float = 1.0):
+        self.store, self.run, self.every, self.poll = store, run, every, min(poll, every)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -67,8 +78,12 @@ class Syncer:
                   f"{' '.join(str(e).split())[:300]}", flush=True)
 
     def _loop(self) -> None:
-        while not self.stop.wait(self.every):
-            self._push()
+        seen, last = checkpoint_names(self.run), time.monotonic()
+        while not self.stop.wait(self.poll):
+            now = checkpoint_names(self.run)
+            if now - seen or time.monotonic() - last >= self.every:
+                self._push()
+                seen, last = now, time.monotonic()
 
     def start(self) -> None:
         self.thread.start()

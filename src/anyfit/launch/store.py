@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 from anyfit.config import ConfigError
+from anyfit.durable import MANIFEST
 
 
 def _listing(run: Path) -> dict[str, tuple[int, int]]:
@@ -79,9 +80,13 @@ class FolderStore:
 
 
 class HubStore:
-    """A Hub model repo as the store, through huggingface_hub's ``upload_folder`` (one commit per push; the Hub
-    skips LFS content it already holds, so an interrupted push re-sends nothing it finished) and
-    ``snapshot_download``."""
+    """A Hub model repo as the store, through huggingface_hub's ``upload_folder`` and ``snapshot_download``.
+
+    A new checkpoint goes up in two commits: its files, then its ``manifest.json`` (anyfit writes it last) with the
+    run's other files, so a push cut short (or split into several commits by the client, as its Xet pipeline does
+    for large folders) leaves at most a checkpoint without its manifest, which ``pull`` leaves out: only complete
+    checkpoints come back. A push sent again re-sends nothing the Hub already holds (the client skips files whose
+    content the repo has, and content it already stored)."""
 
     def __init__(self, repo_id: str, private: bool = True):
         self.repo_id = repo_id
@@ -96,10 +101,13 @@ class HubStore:
         from huggingface_hub.errors import RepositoryNotFoundError
 
         try:
-            snapshot_download(self.repo_id, local_dir=run)
+            snapshot_download(self.repo_id, local_dir=run, ignore_patterns=[".gitattributes"])  # the Hub's, not the run's
         except RepositoryNotFoundError:
             return []
         shutil.rmtree(run / ".cache", ignore_errors=True)  # huggingface_hub's bookkeeping of local_dir
+        for folder in _checkpoints(_listing(run)):
+            if not (run / folder / MANIFEST).is_file():  # its push was cut short: not a checkpoint to resume from
+                shutil.rmtree(run / folder)
         self.sent = _listing(run)
         return sorted(_checkpoints(self.sent))
 
@@ -113,9 +121,16 @@ class HubStore:
             return False
         api = HfApi()
         api.create_repo(self.repo_id, private=self.private, exist_ok=True)
-        api.upload_folder(repo_id=self.repo_id, folder_path=run, allow_patterns=sorted(changed) or None,
-                          delete_patterns=[f"{c}/**" for c in sorted(gone)] or None,
-                          commit_message=f"anyfit: {len(changed)} files of the run")
+        first = sorted(n for n in changed if n.startswith("checkpoint-") and not n.endswith(f"/{MANIFEST}"))
+        if first:  # a new checkpoint's files before its manifest
+            api.upload_folder(repo_id=self.repo_id, folder_path=run, allow_patterns=first,
+                              commit_message=f"anyfit: {len(first)} checkpoint files")
+        rest = sorted(set(changed) - set(first))
+        if rest or gone:
+            api.upload_folder(repo_id=self.repo_id, folder_path=run, allow_patterns=rest or [],
+                              delete_patterns=[f"{c}/**" for c in sorted(gone)] or None,
+                              commit_message=f"anyfit: {len(rest)} files of the run" +
+                              (f", {len(gone)} pruned checkpoint(s) removed" if gone else ""))
         self.sent = now
         return True
 

@@ -4,9 +4,9 @@ job types, faults in one line, and the Hub client driven against a local stand-i
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,8 @@ from anyfit.cli import main
 from anyfit.config import ConfigError, load_config
 from anyfit.launch.choose import choose_machine
 from anyfit.launch.machines import HF_JOBS, offer
+from anyfit.planning.ladder import plan_target
+from anyfit.planning.savers import config_overrides
 from anyfit.model.shape import shape_from_config
 
 SHAPE_1_5B = shape_from_config(Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
@@ -34,24 +36,44 @@ def test_every_flavor_is_one_of_huggingface_hubs():
     assert all(m.target.price_per_hour > 0 and m.target.device == "cuda" for m in offer("hf-jobs") + offer("skypilot"))
 
 
-def test_auto_takes_the_cheapest_machine_that_fits_as_it_is():
-    choice = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs")
-    assert choice.plan.verdict == "fits" and choice.steps == 100 and choice.cost is not None
+def test_auto_takes_the_cheapest_machine_that_fits_at_the_plans_savers():
+    full = cfg("data.num_samples=800")  # a 1.5B full fine-tune: 8-bit AdamW fits it on an L40S
+    choice = choose_machine(full, SHAPE_1_5B, "hf-jobs")
+    assert choice.steps == 100 and choice.cost is not None
+    assert choice.machine.name == "l40sx1" and choice.applied == ("train.optimizer=adamw_8bit",)
+    assert "applied: train.optimizer=adamw_8bit" in "\n".join(choice.lines())
     for m in offer("hf-jobs"):  # every other flavor is refused by the plan, or costs more over the whole run
         try:
-            alone = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs", m.name)
+            alone = choose_machine(full, SHAPE_1_5B, "hf-jobs", m.name)
         except ConfigError:
             continue
-        assert alone.cost >= choice.cost
-    assert "whole run (100 steps)" in "\n".join(choice.lines())
+        assert alone.cost >= choice.cost and alone.plan.setup.method == "full"
+    # the savers are what anyfit plan chooses on that machine, less what the run decides there itself
+    plan = plan_target(full, SHAPE_1_5B, HF_JOBS["l40sx1"].target, micro_batch=4)
+    assert plan.verdict == "fits with 8-bit AdamW" and set(choice.applied) <= set(config_overrides(plan.setup))
+    lora = choose_machine(cfg("lora.enabled=true", "data.num_samples=800"), SHAPE_1_5B, "hf-jobs")
+    assert "whole run (100 steps)" in "\n".join(lora.lines()) and lora.plan.setup.method == "lora"
 
 
-def test_a_named_machine_is_checked_against_the_plan():
+def test_a_plan_that_changes_the_method_or_needs_more_gpus_is_not_taken():
+    # a machine where a full fine-tune fits only as LoRA, or only with Adafactor: refused, naming the settings
     with pytest.raises(ConfigError, match=r"^--gpu t4-small: the config needs LoRA.* there \(add lora.enabled=true"):
         choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "t4-small")
+    with pytest.raises(ConfigError, match=r"^--gpu l4x1: the config needs Adafactor.*train.optimizer=adafactor"):
+        choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "l4x1")
     with pytest.raises(ConfigError, match="Did you mean 'a10g-small'"):
         choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a10g-smal")
+    # a named machine that fits with savers is taken with them: sharding over its own two GPUs
+    two = choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a10g-largex2")
+    assert "runtime.sharding=fsdp" in two.applied and two.plan.setup.processes == 2
     assert choose_machine(cfg(), SHAPE_1_5B, "skypilot", "H100", 2).machine.name == "H100:2"
+
+
+def test_the_runs_own_auto_settings_and_a_deepspeed_config_are_kept():
+    sharded = choose_machine(cfg("runtime.sharding=deepspeed"), SHAPE_1_5B, "hf-jobs", "a10g-largex2")
+    assert not any(a.startswith(("runtime.sharding", "runtime.fsdp_offload")) for a in sharded.applied)
+    single = choose_machine(cfg(), SHAPE_1_5B, "hf-jobs", "a100-large")  # fits as it is: sharding stays auto
+    assert single.applied == () and single.plan.verdict == "fits"
 
 
 @pytest.fixture
@@ -86,6 +108,21 @@ def test_dry_run_prints_the_spec_and_ships_only_names_of_secrets(proj, capsys):
     assert spec["flavor"] in {h.value for h in JobHardware} and spec["timeoutSeconds"] == 2400
 
 
+def test_the_plans_savers_are_shipped_in_the_resolved_config(proj, capsys):
+    # a 1.5B model's config alone (the planner reads nothing else): a full fine-tune fits an L40S with 8-bit AdamW
+    Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                num_key_value_heads=2, vocab_size=151936).save_pretrained(proj / "big")
+    assert main(["launch", "c.yaml", "model.name_or_path=big", "train.effective_batch=8", "data.num_samples=800", "train.max_steps=0",
+                 "--name", "r3", "--store", "hf://me/r3", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "flavor: l40sx1" in out and "applied: train.optimizer=adamw_8bit (the plan's memory savers" in out
+    from anyfit.cache import cache_root
+
+    launch = cache_root() / "launch" / "launches" / "r3"
+    assert yaml.safe_load((launch / "config.yaml").read_text())["train"]["optimizer"] == "adamw_8bit"
+    assert "anyfit[wandb,cuda] @ file://" in (launch / "job.sh").read_text()  # bitsandbytes comes with the cuda extra
+
+
 def test_skypilot_task(proj, capsys):
     assert main(["launch", "c.yaml", "--on", "skypilot", "--gpu", "L4", "--name", "r2", "--store", "s3://b/r2",
                  "--dry-run"]) == 0
@@ -110,67 +147,6 @@ def test_faults_are_one_line_before_anything_is_built(proj, capsys, argv, said):
     assert said in err and err.count("\n") == 1 and "Traceback" not in err
 
 
-class StandIn(BaseHTTPRequestHandler):
-    """The Hub's Jobs protocol as huggingface_hub speaks it: whoami, job creation, status, logs (SSE), cancel."""
-
-    jobs: dict = {}
-
-    def _send(self, code: int, body, kind="application/json"):
-        data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-    def _job(self, job_id):
-        job = self.jobs[job_id]
-        return {"id": job_id, "owner": {"id": "1", "name": "me", "type": "user"}, "flavor": job["flavor"],
-                "dockerImage": job["dockerImage"], "command": job["command"], "status": {"stage": job["stage"]},
-                "createdAt": "2026-11-28T10:00:00Z", "startedAt": "2026-11-28T10:00:00Z",
-                "finishedAt": "2026-11-28T11:00:00Z" if job["stage"] != "RUNNING" else None, "labels": job["labels"]}
-
-    def do_GET(self):
-        if self.path.startswith("/api/whoami-v2"):
-            return self._send(200, {"name": "me", "type": "user"})
-        parts = self.path.split("?")[0].strip("/").split("/")
-        if parts[:2] == ["api", "jobs"] and len(parts) == 4:
-            return self._send(200, self._job(parts[3]))
-        if parts[:2] == ["api", "jobs"] and parts[-1] == "logs":
-            lines = ["[anyfit launch] run r: a fresh start", "train: done"]
-            return self._send(200, "".join(f"data: {json.dumps({'data': t, 'timestamp': '2026-11-28T10:00:01.000Z'})}\n\n" for t in lines),
-                              "text/event-stream")
-        self._send(404, {"error": "not found"})
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        parts = self.path.strip("/").split("/")
-        if parts[:2] == ["api", "jobs"] and len(parts) == 3:
-            if body["flavor"] == "h200x8":
-                return self._send(403, {"error": "flavor not allowed"})
-            job_id = f"job{len(self.jobs)}"
-            self.jobs[job_id] = {**body, "stage": "COMPLETED"}
-            return self._send(200, self._job(job_id))
-        if parts[-1] == "cancel":
-            self.jobs[parts[3]]["stage"] = "CANCELED"
-            return self._send(200, {})
-        self._send(404, {"error": "not found"})
-
-
-@pytest.fixture
-def hub(monkeypatch):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("HF_TOKEN", "hf_test")
-    StandIn.jobs.clear()
-    yield StandIn.jobs
-    server.shutdown()
-
-
 def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
     from anyfit.launch import launcher
 
@@ -179,13 +155,83 @@ def test_jobs_through_the_real_client_against_a_stand_in(hub, tmp_path, capsys):
               "flavor": "l40sx1", "price_per_hour": 1.8, "timeout": "1h", "retries": 2, "secrets": ["HF_TOKEN"],
               "jobs": []}
     launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
-    sent = hub["job0"]
+    sent = hub.jobs["job0"]
     assert sent["flavor"] == "l40sx1" and sent["attempts"] == 3 and sent["secrets"] == {"HF_TOKEN": "hf_test"}
     assert sent["volumes"][0]["mountPath"] == "/anyfit" and sent["labels"]["anyfit-run"] == "r"
     assert main(["jobs", "status", "r"]) == 0
     assert "COMPLETED on l40sx1, 1 job(s); cost so far $1.80" in capsys.readouterr().out
+    # from another machine: the record is read back from the namespace's launch repo (names of secrets only)
+    on_hub = hub.files("me/anyfit-launches", "dataset")["launches/r/record.json"]
+    assert json.loads(on_hub)["jobs"][0]["id"] == "job0" and b"hf_test" not in on_hub
+    launcher.record_path("r").unlink()
+    assert main(["launch", "--resume", "r", "--detach"]) == 0 and hub.jobs["job1"]["flavor"] == "l40sx1"
+    launcher.record_path("r").unlink()
+    assert main(["jobs", "status", "r"]) == 0
+    assert "COMPLETED on l40sx1, 2 job(s); cost so far $3.60" in capsys.readouterr().out
+    assert main(["jobs", "status", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "No launch named nope on this machine or in me/anyfit-launches" in err and err.count("\n") == 1
     assert main(["jobs", "logs", "r"]) == 0 and "train: done" in capsys.readouterr().out
-    assert main(["jobs", "cancel", "r"]) == 0 and hub["job0"]["stage"] == "CANCELED"
+    assert main(["jobs", "cancel", "r"]) == 0 and hub.jobs["job1"]["stage"] == "CANCELED"  # the last job
     record["flavor"] = "h200x8"
     with pytest.raises(ConfigError, match="this account cannot use flavor h200x8"):
         launcher.start_hf(record, {"HF_TOKEN": "hf_test"})
+
+
+def fake_sky(tmp_path, monkeypatch) -> Path:
+    """A ``sky`` on PATH that writes down its arguments and the secret it was given (SkyPilot is not installed in
+    the test environment: it runs from its own, see anyfit.launch.skypilot)."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "sky-calls.txt"
+    (bin_dir / "sky").write_text(f'#!/bin/sh\necho "$* | HF_TOKEN=$HF_TOKEN" >> {calls}\n')
+    (bin_dir / "sky").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    return calls
+
+
+def test_a_skypilot_launch_is_found_and_resumed_from_its_record(hub, tmp_path, capsys, monkeypatch):
+    from anyfit.launch import launcher
+
+    task = tmp_path / "task.yaml"
+    task.write_text("name: s\n")
+    record = {"run": "s", "provider": "skypilot", "namespace": "me", "repo": "me/anyfit-launches", "task": str(task),
+              "store": "hf://me/s", "machine": "L4:1", "nodes": 1, "price_per_hour": 0.7, "secrets": ["HF_TOKEN"],
+              "jobs": []}
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))
+    with pytest.raises(ConfigError, match=r"^SkyPilot is not installed: `uv tool install skypilot`"):
+        launcher.start_sky(record, {"HF_TOKEN": "hf_test"}, detach=True)
+    calls = fake_sky(tmp_path, monkeypatch)
+    launcher.start_sky(record, {"HF_TOKEN": "hf_test"}, detach=True)
+    launcher.record_path("s").unlink()  # another machine: the record comes from the Hub
+    assert main(["launch", "--resume", "s", "--detach"]) == 0
+    assert len(launcher.load_record("s")["jobs"]) == 2
+    said = calls.read_text().splitlines()
+    assert said == [f"launch -y --down -c s --secret HF_TOKEN --detach-run {task} | HF_TOKEN=hf_test"] * 2
+    assert main(["jobs", "status", "s"]) == 0 and main(["jobs", "logs", "s"]) == 0 and main(["jobs", "cancel", "s"]) == 0
+    assert calls.read_text().splitlines()[2:] == ["status s | HF_TOKEN=hf_test", "logs s --no-follow | HF_TOKEN=hf_test",
+                                                  "down -y s | HF_TOKEN=hf_test"]
+    assert "s: on SkyPilot, L4:1 x 1 node(s), 2 launch(es)" in capsys.readouterr().out
+    task.unlink()  # where the bundle is not: refused in one line
+    assert main(["launch", "--resume", "s"]) == 2
+    assert "its SkyPilot task and bundle are on the machine that launched it" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(shutil.which("sky") is None, reason="SkyPilot is not installed (uv tool install skypilot)")
+def test_the_task_passes_skypilots_own_parser(proj, capsys):
+    assert main(["launch", "c.yaml", "--on", "skypilot", "--gpu", "A100-80GB", "--gpus", "2", "--nodes", "2",
+                 "--name", "r4", "--store", "s3://b/r4", "--dry-run"]) == 0
+    from anyfit.cache import cache_root
+
+    task = cache_root() / "launch" / "launches" / "r4" / "task.yaml"
+    python = Path(shutil.which("sky")).read_text().splitlines()[0].removeprefix("#!")  # sky's own environment
+    # as `sky launch --secret HF_TOKEN --secret WANDB_API_KEY task.yaml` reads it: the secrets' values from the
+    # command's environment (stand-ins here), the names from the file
+    check = ("import sys, sky, yaml; sky.Task.from_yaml(sys.argv[1]); "
+             "t = sky.Task.from_yaml_config(yaml.safe_load(open(sys.argv[1])), "
+             "secrets_overrides=[('HF_TOKEN', 'x'), ('WANDB_API_KEY', 'y')]); r = list(t.resources)[0]; "
+             "print(t.num_nodes, r.accelerators, sorted(t.secrets), sorted(t.file_mounts or {}), "
+             "sorted(t.storage_mounts or {}))")
+    out = subprocess.run([python, "-c", check, str(task)], capture_output=True, text=True, check=True).stdout
+    assert out.split("\n")[-2] == ("2 {'A100-80GB': 2} ['HF_TOKEN', 'WANDB_API_KEY'] ['/anyfit'] "
+                                    "['/anyfit-store']"), out
