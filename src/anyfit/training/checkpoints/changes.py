@@ -83,6 +83,8 @@ RULES: dict[str, Rule] = {
     "lora.r": _refuse(_TENSORS), "lora.target_modules": _refuse(_TENSORS), "lora.experts": _refuse(_TENSORS),
     "lora.alpha": _refuse("it scales what the trained adapter adds: the model would change without a step"),
     "lora.dropout": _apply("from this step on"),
+    "lora.split_experts": _apply("the experts' adapters are computed the other way from this step on (the same "
+                                 "function and tensors, up to round-off)"),
     "lora.qlora_upcast": _apply("the precision the 4-bit base is computed in, from this step on"),
     # data: by content
     **{f"data.{k}": _apply(_DATA) for k in (
