@@ -3,13 +3,17 @@
 ``anyfit.model.packing`` names what is known to carry information across an example boundary (layers with a
 state); the self-test catches the rest, e.g. an attention pattern or keyword ``anyfit_varlen`` does not reproduce,
 or the architecture released next month. ``choose_packing``:
-1. a model with stateful layers trains on padded batches (one printed line);
-2. otherwise a few probe examples (the data's longest, and one longer than the smallest sliding window or chunk)
-   run packed, and one at a time through transformers' own attention, in the training dtype and autocast; if the
-   outputs differ beyond what the dtype's round-off explains, the model is handed to transformers' own attention
-   (its block mask per row: exact, a dense mask per row, slower) and tested again, then to padded batches.
-Each outcome is one line, recorded in ``run_info.json``; ``train.packing_check=false`` skips step 2. It costs one
-forward of a few hundred tokens and one per probe example. No peer checks this at start-up.
+1. a few probe examples (the data's longest, and one longer than the smallest sliding window or chunk) run packed,
+   and one at a time through transformers' own attention, in the training dtype and autocast; if the outputs differ
+   beyond what the dtype's round-off explains, the model is handed to transformers' own attention (its block mask per
+   row: exact, a dense mask per row, slower) and tested again, then to padded batches;
+2. a model with state layers (Gated DeltaNet, Mamba-2, short convolutions) is tested with its state layers run one
+   example per row (``anyfit.model.state_layers.PER_EXAMPLE``), then with transformers' boundary keywords for the
+   kernels that take them (``KERNELS``: kept where it is as exact as per example, e.g. flash-linear-attention on
+   CUDA); such a model is always tested, and trains on padded batches where neither way passes.
+Each outcome is one line, recorded in ``run_info.json``; ``train.packing_check=false`` skips step 1 for models
+without state layers. It costs one forward of a few hundred tokens and one per probe example (two more for state
+layers). No peer checks this at start-up.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from anyfit.data.batching import to_device
 from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.composite import language_attention
 from anyfit.model.packing import smallest_window, stateful_layers
+from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, Boundaries
 from anyfit.training.loss import model_dtype, model_inputs
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
@@ -47,6 +52,7 @@ class PackingVerdict:
     error: float | None = None  # the self-test's relative difference (packed against alone), if run
     tolerance: float | None = None
     positions: bool = True  # packed rows carry position ids (False: the model computes them, e.g. Qwen's M-RoPE)
+    state: str = ""  # how state layers see the boundaries (state_layers.KERNELS or PER_EXAMPLE; '' without them)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -126,11 +132,11 @@ def _logits(model: nn.Module, batch: dict, keep: list[int], device) -> torch.Ten
 
 
 def relative_error(model: nn.Module, probes: list[dict], rows, device, autocast,
-                   positions: bool = True) -> tuple[float, list[str]]:
+                   positions: bool = True, alone: dict | None = None) -> tuple[float, list[str]]:
     """max |packed - alone| / max |alone| over the logits of the probe examples (at ``_positions`` of each), and the
     kernels ``anyfit_varlen`` ran them on; alone runs through transformers' own attention, packed through the
     model's current one (``rows``: ``batching.collate`` with the run's pad id and image processor bound;
-    ``positions``: as ``collate`` takes it)."""
+    ``positions``: as ``collate`` takes it; ``alone``: a dict that keeps the alone logits for the next call)."""
     inner = transformers_model(model)
     current = inner.config._attn_implementation
     starts = np.cumsum([0] + [len(p["input_ids"]) for p in probes])
@@ -141,13 +147,15 @@ def relative_error(model: nn.Module, probes: list[dict], rows, device, autocast,
         with torch.no_grad(), autocast(), kernels_used() as kernels:
             together = _logits(model, rows(probes, packed=True, positions=positions),
                                [int(start) + i for start, keep in zip(starts, kept) for i in keep], device)
-            inner.set_attn_implementation(language_attention(inner.config, _own_attention(model)))
-            alone = torch.cat([_logits(model, rows([p]), keep, device)
-                               for p, keep in zip(probes, kept)])
+            alone = {} if alone is None else alone
+            if "logits" not in alone:
+                inner.set_attn_implementation(language_attention(inner.config, _own_attention(model)))
+                alone["logits"] = torch.cat([_logits(model, rows([p]), keep, device) for p, keep in zip(probes, kept)])
     finally:
         inner.set_attn_implementation(language_attention(inner.config, current))
         model.train(was_training)
         reshard(model)
+    alone = alone["logits"]
     return float((together - alone).abs().max() / alone.abs().max().clamp(min=1e-6)), sorted(kernels)
 
 
@@ -169,7 +177,7 @@ def choose_packing(model: nn.Module, examples, rows, max_length: int, device, co
     with the run's pad id (and, for image data, the batch workers' ``ImageBatches``) bound. Collective under several
     processes (every process runs the same probes and takes the largest error). Data with images is probed with its
     image examples, each layout also without position ids (the model's own, e.g. Qwen's M-RoPE from the images), and
-    never packed untested."""
+    never packed untested; nor is a model with state layers (their hooks stay on the model where it packs)."""
     # Eagerly, under torch.compile's wrapper: through it, the no-grad probes and transformers' own attention would each
     # compile the whole model before the first step (three compilations instead of one; on an H100 the 0.5B model's
     # run had not reached step 1 after a minute). Both compute the same function: the verdict is about attention.
@@ -178,44 +186,79 @@ def choose_packing(model: nn.Module, examples, rows, max_length: int, device, co
     inner = transformers_model(model)
     attention = inner.config._attn_implementation
     state = stateful_layers(inner)
-    if state:
-        # padded rows gain nothing from anyfit_varlen, which cannot place a whole unpadded row of a layer kind it does
-        # not split (Falcon-H1's 'hybrid'): transformers' own attention, as it would run the model
-        own = _own_attention(model)
-        inner.set_attn_implementation(language_attention(inner.config, own))
-        return PackingVerdict(False, own, f"packing: off for this model ({state} carry a state along the row, "
-                                          "and transformers passes them no example boundaries): padded batches")
     with_images = bool(getattr(getattr(examples, "report", None), "images", 0))
-    if not check and not with_images:
+    if not check and not with_images and not state:
         return PackingVerdict(True, attention,
                               f"packing: on ({attention}), not self-tested (train.packing_check=false)")
     tolerance = TOLERANCE.get(compute_dtype, 6e-2)
     probes = probe_examples(examples, smallest_window(inner.config), max_length)
     tokens = sum(len(p["input_ids"]) for p in probes)
-    tried = []
-    layouts = [(a, p) for a in dict.fromkeys([attention, _own_attention(model)]) for p in (True, False)
-               if p or with_images]
-    for candidate, positions in layouts:
-        inner.set_attn_implementation(language_attention(inner.config, candidate))
+    alone: dict = {}  # the probes' logits one at a time, computed once
+
+    def attempt(positions: bool, refused=(NotExactPacked,)) -> tuple[float, list[str], str]:
         try:
-            error, kernels = relative_error(model, probes, rows, device, autocast, positions)
-        except NotExactPacked as why:
-            error, kernels, reason = float("inf"), [], f"cannot split {why} per example"
+            error, kernels = relative_error(model, probes, rows, device, autocast, positions, alone)
+        except refused as why:
+            error, kernels = float("inf"), []
+            reason = (f"cannot split {why} per example" if isinstance(why, NotExactPacked)
+                      else f"fails ({str(why).splitlines()[0] if str(why) else type(why).__name__})")
         else:
             reason = f"differs from one example at a time by {error:.1e} (tolerance {tolerance:.0e})"
-        error = agreed_max([error])[0]
-        if error <= tolerance:
-            note = (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
-                    "slower)") if tried and candidate != attention else f"; {', '.join(tried)}" if tried else \
-                f"; per example: {', '.join(kernels)}" if kernels else ""
-            return PackingVerdict(True, candidate, f"packing: self-test passed on {len(probes)} probe examples "
-                                  f"({tokens} tokens{', with images' if with_images else ''}"
-                                  f"{'' if positions else ', positions from the model'}; error {error:.1e}, "
-                                  f"tolerance {tolerance:.0e}){note}", error, tolerance, positions)
-        tried.append(f"{candidate}{'' if positions else ' (positions from the model)'} {reason}")
+        return agreed_max([error])[0], kernels, reason
+
+    tried: list[str] = []
+    layouts = [(a, p) for a in dict.fromkeys([attention, _own_attention(model)]) for p in (True, False)
+               if p or with_images]
+    hooks = Boundaries(inner, PER_EXAMPLE) if state else None
+    found = _first_exact(inner, attempt, layouts, tolerance, tried)
+    if found:
+        candidate, positions, error, kernels = found
+        how, note = "", ""
+        if hooks is not None:
+            how, error = _state_way(inner, hooks, attempt, positions, error, tolerance)
+            note = (f"; {state.removeprefix('its ')} take the boundaries in their kernels" if how == KERNELS else
+                    f"; {state.removeprefix('its ')} run one example per row ({len(hooks.layers)} layers)")
+        note += (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
+                 "slower)") if tried and candidate != attention else f"; {', '.join(tried)}" if tried else \
+            f"; per example: {', '.join(kernels)}" if kernels else ""
+        return PackingVerdict(True, candidate, f"packing: self-test passed on {len(probes)} probe examples "
+                              f"({tokens} tokens{', with images' if with_images else ''}"
+                              f"{'' if positions else ', positions from the model'}; error {error:.1e}, "
+                              f"tolerance {tolerance:.0e}){note}", error, tolerance, positions, how)
+    if hooks is not None:
+        hooks.remove()
+        tried.append(f"with {state.removeprefix('its ')} run one example per row")
     # Padded rows gain nothing from anyfit_varlen, and its dispatch refuses a layer kind it cannot split even where
     # nothing is packed (Llama-4's chunked layers under generate's cache at transformers 5.18): transformers' own.
     own = _own_attention(model)
     inner.set_attn_implementation(language_attention(inner.config, own))
     return PackingVerdict(False, own, f"packing: off, padded batches through transformers' own {own} "
-                          f"({'; '.join(tried)})", error, tolerance)
+                          f"({'; '.join(tried)})", None if not found else error, tolerance)
+
+
+def _first_exact(inner: nn.Module, attempt, layouts, tolerance: float, tried: list[str]):
+    """The first (attention, positions) of ``layouts`` whose packed rows pass, with its error and kernels (None: none
+    does; ``tried`` collects why each failed)."""
+    for candidate, positions in layouts:
+        inner.set_attn_implementation(language_attention(inner.config, candidate))
+        error, kernels, reason = attempt(positions)
+        if error <= tolerance:
+            return candidate, positions, error, kernels
+        tried.append(f"{candidate}{'' if positions else ' (positions from the model)'} {reason}")
+    return None
+
+
+def _state_way(inner: nn.Module, per_example: Boundaries, attempt, positions: bool, error: float,
+               tolerance: float) -> tuple[str, float]:
+    """``KERNELS`` where transformers' own state layers keep the examples apart as exactly as running them per example
+    (which they then need not pad), else ``PER_EXAMPLE``; with the way's error. The per-example error is this model's
+    round-off: a leak moves the outputs far beyond it, yet on a model with small weights (a fresh initialisation) can
+    stay under the dtype's tolerance, so the kernels must stay within 4x of it (plus 1% of the tolerance)."""
+    per_example.remove()
+    kernels = Boundaries(inner, KERNELS)
+    kernel_error, _, _ = attempt(positions, refused=Exception)  # transformers refuses on CPU (no kernel), or fails
+    if kernel_error <= min(tolerance, 4 * error + tolerance / 100):
+        return KERNELS, kernel_error
+    kernels.remove()
+    Boundaries(inner, PER_EXAMPLE)  # the same hooks again, now for training (they live on the model's modules)
+    return PER_EXAMPLE, error
