@@ -108,20 +108,21 @@ def qwen_config(tiny: bool):
                        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True)
 
 
-def build_random_model(folder: Path, tiny: bool) -> int:
-    """Save a random-init Qwen2 model and a WordLevel tokenizer (token ``w{i}`` = id i) in ``folder``; returns the vocab."""
+def build_random_model(folder: Path, tiny: bool, config=None) -> int:
+    """Save a random-init model (Qwen2, or ``config``'s) and a WordLevel tokenizer (token ``w{i}`` = id i) in
+    ``folder``; returns the vocab."""
     import torch
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
-    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    config = qwen_config(tiny)
+    config = config or qwen_config(tiny)
     vocab = config.vocab_size
     last = f"w{vocab - 1}"  # the last id serves as pad and EOS; the data never uses it
     config.pad_token_id = config.eos_token_id = vocab - 1
     torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(folder)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     backend = Tokenizer(WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
     backend.pre_tokenizer = WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="w0", pad_token=last,

@@ -54,12 +54,14 @@ def _packing(family: str) -> str:
     verdict = choose_packing(tiny_model(family, "anyfit_varlen"), _examples(), functools.partial(collate, pad_id=0),
                              64, "cpu", torch.float32, contextlib.nullcontext)
     if not verdict.packed:
-        return "padded batches (state along the row)" if "state" in verdict.line else "padded batches (self-test)"
+        return "padded batches (self-test)"
+    state = ", state layers one example per row" if verdict.state == "per_example" else \
+        ", state layers' kernels take the boundaries" if verdict.state else ""
     if verdict.attention != "anyfit_varlen":
-        return f"exact: transformers' {verdict.attention}, block mask"
+        return f"exact: transformers' {verdict.attention}, block mask{state}"
     kernel = verdict.line.split("per example: ", 1)[-1]
-    return "exact: eager per example" if "eager" in kernel else \
-        "exact: SDPA per example, windowed" if "window" in kernel else "exact: SDPA per example"
+    return ("exact: eager per example" if "eager" in kernel else
+            "exact: SDPA per example, windowed" if "window" in kernel else "exact: SDPA per example") + state
 
 
 def _refused(make) -> str:

@@ -55,13 +55,39 @@ FAMILIES: dict[str, tuple[str, dict]] = {
     "falcon_h1": ("falcon_h1", dict(mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=1,
                                     mamba_d_state=8, mamba_chunk_size=8)),
 }
-STATEFUL = ("qwen3_next", "qwen3_5", "lfm2", "falcon_h1")
+# More families whose layers carry a state along the sequence (Gated DeltaNet, Mamba-1/2, short convolutions,
+# lightning attention, KDA, RG-LRU): the packing tests run them too; the README's table keeps the four above.
+_GDN = dict(layer_types=["linear_attention", "full_attention"], linear_num_key_heads=2, linear_num_value_heads=4,
+            linear_key_head_dim=8, linear_value_head_dim=8)
+_MAMBA2 = dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8)
+MORE_STATEFUL: dict[str, tuple[str, dict]] = {
+    "qwen3_5_moe": ("qwen3_5_moe_text", dict(_GDN, **_MOE, shared_expert_intermediate_size=32)),
+    "olmo_hybrid": ("olmo_hybrid", _GDN),
+    "lfm2_moe": ("lfm2_moe", dict(_MOE, layer_types=["conv", "full_attention"], num_dense_layers=1)),
+    "granitemoehybrid": ("granitemoehybrid", dict(_MAMBA2, layer_types=["mamba", "attention"], num_local_experts=4,
+                                                  num_experts_per_tok=2, shared_intermediate_size=64)),
+    "bamba": ("bamba", dict(_MAMBA2, attn_layer_indices=[1])),
+    "jamba": ("jamba", dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                            num_experts=4, num_experts_per_tok=2, mamba_d_state=8, mamba_dt_rank=4, mamba_expand=2)),
+    "nemotron_h": ("nemotron_h", dict(hybrid_override_pattern="M*", mamba_num_heads=4, mamba_head_dim=16,
+                                      ssm_state_size=8, n_groups=1, chunk_size=8)),
+    "zamba2": ("zamba2", dict(mamba_d_state=8, mamba_headdim=8, mamba_ngroups=1, n_mamba_heads=8,
+                              layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1], chunk_size=8,
+                              use_mem_rope=False)),
+    "mamba2": ("mamba2", dict(num_heads=4, head_dim=16, state_size=8, n_groups=1, chunk_size=8, expand=2)),
+    "minimax": ("minimax", dict(layer_types=["linear_attention", "full_attention"], num_local_experts=4,
+                                num_experts_per_tok=2, block_size=8)),
+    "kimi_linear": ("kimi_linear", {}),
+    "recurrent_gemma": ("recurrent_gemma", dict(block_types=["recurrent", "attention"], lru_width=32,
+                                                attention_window_size=WINDOW)),
+}
+STATEFUL = ("qwen3_next", "qwen3_5", "lfm2", "falcon_h1", *MORE_STATEFUL)
 
 
 def tiny_config(family: str, **overrides):
     from transformers import AutoConfig
 
-    model_type, extra = FAMILIES[family]
+    model_type, extra = FAMILIES.get(family) or MORE_STATEFUL[family]
     return AutoConfig.for_model(model_type, **{**SMALL, **extra, **overrides})
 
 

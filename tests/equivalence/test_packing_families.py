@@ -5,7 +5,9 @@ For each family (tiny random-init models from transformers' own configs, windows
   gives the same summed loss and the same gradients as padded batches through transformers' own attention (fp32:
   the two sum the same token losses in another order and through other matmul shapes, a few ulps each, grown through
   two layers: 1e-5 relative leaves two orders of margin and is far below what a dropped window moves, 1e-2-1e-1);
-- a model with a state along the row is never packed;
+- a model with a state along the row (every such family transformers ships, ``families.STATEFUL``) packs with its
+  state layers run one example per row, and gives the same loss and gradients as padded batches; a state layer the
+  hooks do not reach is caught by the self-test, and the run pads;
 - the self-test fires when the attention is made wrong on purpose, or when a layer leaks along the row that no rule
   names (the architecture released next month).
 """
@@ -21,6 +23,7 @@ from families import FAMILIES, STATEFUL, Examples, tiny_model
 
 import anyfit.model.attention as attention
 from anyfit.data.batching import IGNORE_INDEX, collate, to_device
+import anyfit.model.state_layers as state_layers
 from anyfit.model.attention import register
 from anyfit.training.loss import token_loss_sum
 from anyfit.training.packing_check import choose_packing
@@ -75,12 +78,71 @@ def test_packed_equals_padded(family):
     assert worst <= TOLERANCE, f"{family}: gradients differ by {worst:.1e}"
 
 
+def _stateful_model(family: str, attn_implementation: str | None = None):
+    """The family's tiny model, skipped where this transformers does not ship it (the lower-bounds job)."""
+    try:
+        return tiny_model(family, attn_implementation)
+    except (KeyError, ValueError) as why:
+        pytest.skip(f"{family} is not in this transformers: {why}")
+
+
 @pytest.mark.parametrize("family", STATEFUL)
-def test_stateful_models_are_not_packed(family):
+def test_state_layers_pack_exactly(family):
+    """The state layers run one example per row (transformers' CPU fallbacks ignore the kernels' boundary keywords,
+    or refuse them), attention per example on the packed row: the loss and gradients of padded batches (the same
+    TOLERANCE: the state layers compute the very rows padded batches give them)."""
     register()
-    verdict = _decide(tiny_model(family, "anyfit_varlen"), _examples())
-    assert not verdict.packed
-    assert "carry a state along the row" in verdict.line and "padded batches" in verdict.line
+    examples = _examples()
+    model = _stateful_model(family, "anyfit_varlen")
+    verdict = _decide(model, examples)
+    assert verdict.packed and verdict.state == state_layers.PER_EXAMPLE, verdict.line
+    assert "run one example per row" in verdict.line and "\n" not in verdict.line
+    reference = _stateful_model(family)
+    micro = [examples[:2], examples[2:5], examples[5:]]
+    loss, grads = _loss_and_grads(model, [collate(m, 0, packed=True) for m in micro])
+    ref_loss, ref_grads = _loss_and_grads(reference, [collate(m, 0) for m in micro])
+    assert abs(loss - ref_loss) <= TOLERANCE * abs(ref_loss)
+    assert grads.keys() == ref_grads.keys()
+    worst = max(_relative(grads[n], ref_grads[n]) for n in grads)
+    assert worst <= TOLERANCE, f"{family}: gradients differ by {worst:.1e}"
+
+
+def test_state_layers_under_gradient_checkpointing():
+    """Checkpointing recomputes each decoder layer in the backward: its state layers see the row's boundaries again."""
+    register()
+    examples = _examples()
+    model = tiny_model("qwen3_5", "anyfit_varlen")
+    assert _decide(model, examples).packed
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    micro = [examples[:3], examples[3:]]
+    loss, grads = _loss_and_grads(model, [collate(m, 0, packed=True) for m in micro])
+    ref_loss, ref_grads = _loss_and_grads(tiny_model("qwen3_5").train(), [collate(m, 0) for m in micro])
+    assert abs(loss - ref_loss) <= TOLERANCE * abs(ref_loss)
+    assert max(_relative(grads[n], ref_grads[n]) for n in grads) <= TOLERANCE
+
+
+def test_a_state_layer_the_hooks_miss_is_caught(monkeypatch):
+    """A state layer no rule finds (the hooks reach none) leaks across the boundary: the self-test sees it, and the
+    run pads, in one line."""
+    register()
+    monkeypatch.setattr(state_layers, "state_modules", lambda model: [])
+    model = tiny_model("qwen3_5", "anyfit_varlen")
+    verdict = _decide(model, _examples())
+    assert not verdict.packed and verdict.line.startswith("packing: off, padded batches"), verdict.line
+    assert "run one example per row" in verdict.line and "\n" not in verdict.line
+    assert model.config._attn_implementation == verdict.attention == "sdpa"
+    row = collate(_examples()[:2], 0, packed=True)  # no hook left on the model: the packed row leaks as before
+    assert not any(m._forward_pre_hooks for m in model.modules())
+    assert row["packed_lengths"]
+
+
+def test_kernels_that_ignore_the_boundaries_are_not_trusted():
+    """LFM2's short convolution leaks only two positions into the next example: on a fresh tiny model that stays
+    under fp32's tolerance (1e-4), yet far above the per-example round-off, so the kernels' way is refused."""
+    register()
+    verdict = _decide(tiny_model("lfm2", "anyfit_varlen"), _examples())
+    assert verdict.state == state_layers.PER_EXAMPLE and verdict.error < 1e-6, verdict.line
 
 
 def test_packing_would_leak_the_state(family="qwen3_5"):

@@ -1,6 +1,6 @@
 """Model families inside real runs: the packing self-test's and the inference check's lines printed and recorded,
-a packed run of a windowed model (Mistral, window 8 tokens, examples of 10-30) or of a hybrid (Qwen3.5: linear
-attention, never packed) giving the per-step losses of the same run with train.packing=false, and LoRA runs of
+a packed run of a windowed model (Mistral, window 8 tokens, examples of 10-30) or of a hybrid (Qwen3.5: its linear
+attention run one example per row) giving the per-step losses of the same run with train.packing=false, and LoRA runs of
 families with sinks, windows, linear attention and latent attention with experts exported as the architecture they
 started from, with the same logits."""
 
@@ -33,7 +33,7 @@ def _saved(family: str, tokenizer_dir, out):
 @pytest.mark.slow
 @pytest.mark.parametrize("family, packed_line", [
     ("mistral", "packing: self-test passed"),
-    ("qwen3_5", "packing: off for this model (its 'linear_attention' layers carry a state along the row"),
+    ("qwen3_5", "'linear_attention' layers run one example per row"),
 ])
 def test_packed_run_equals_padded_run(family, packed_line, qwen_tokenizer_dir, tmp_path):
     model_dir = _saved(family, qwen_tokenizer_dir, tmp_path / "model")
@@ -48,7 +48,7 @@ def test_packed_run_equals_padded_run(family, packed_line, qwen_tokenizer_dir, t
     # and the training forward, packed or padded as decided, computes what generate does with its cache
     assert any("inference check: training forward and generate agree" in line for line in said), said
     info = json.loads((tmp_path / "true" / "run_info.json").read_text())
-    assert info["packing"]["packed"] is (family != "qwen3_5")
+    assert info["packing"]["packed"] and info["packing"]["state"] == ("per_example" if family == "qwen3_5" else "")
     assert info["inference_check"]["agrees"] and info["inference_check"]["error"] <= info["inference_check"]["tolerance"]
     assert "packing" not in json.loads((tmp_path / "false" / "run_info.json").read_text())
 

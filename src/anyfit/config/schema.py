@@ -242,14 +242,17 @@ class TrainConfig:
         "difference is printed and recorded in run_info.json. Off: such a resume stops and says what changed.")
     packing: bool = _f(
         True, "Concatenate each micro-batch's examples into one row without padding; attention still stops at "
-        "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example. Models with "
-        "layers that carry a state along the row (linear attention, state spaces: Qwen3.5, Qwen3-Next, LFM2, "
-        "Falcon-H1) train on padded batches whatever this says, with a printed line.")
+        "example boundaries (position_ids). Off: right-pad each micro-batch to its longest example. Layers that "
+        "carry a state along the row (linear attention, state spaces, short convolutions: Qwen3.5, Qwen3-Next, LFM2, "
+        "Falcon-H1, Granite-4.0-H, Jamba) run one example per row inside the packed row (or get the boundaries in "
+        "kernels that take them), as the packing self-test decides; where neither is exact, padded batches, with a "
+        "printed line.")
     packing_check: bool = _f(
         True, "With packing: before the first step, run a few probe examples (one longer than the smallest sliding "
         "window) packed and one at a time on the real model in its training dtype; if they differ beyond round-off, "
         "fall back to transformers' own attention with a block mask per row, then to padded batches, and say so. "
-        "About two forwards of 256 tokens (more where a window is longer, at most data.max_length); false skips it.")
+        "About two forwards of 256 tokens (more where a window is longer, at most data.max_length); false skips it, "
+        "except for models with state layers or image data, which are always tested.")
     inference_check: bool | Literal["warn"] = _f(
         True, "Before the first step, check that the training forward (train mode, dropout off, the training dtype, "
         "packed or padded as the run trains) computes the logits that inference does: generate with its KV cache "

@@ -110,7 +110,7 @@ class ModelShape:
     # set where the processor is on hand (``anyfit plan``), 0 where it is not (no tower activations then).
     tower_patches: int = 0
     router_params: int = 0  # the routers' (and gates') matrices: every token passes through them
-    stateful: str = ""  # layers with a state along the sequence (anyfit.model.packing): never packed, never split
+    stateful: str = ""  # layers with a state along the sequence (anyfit.model.packing): never split over processes
 
     @property
     def active_params(self) -> int:

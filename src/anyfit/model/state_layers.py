@@ -17,8 +17,11 @@ hooks on the model's own modules (no class changed, every parameter keeps its na
 ``anyfit.training.packing_check`` tries them on the user's model and keeps the first that gives what one example at a
 time gives. A wrapper module would rename the layer's parameters (checkpoints, PEFT targets, optimizer state); a
 forward pre-hook can replace a module's inputs and a forward hook its output, which is all this needs. The boundaries
-reach a state layer from the nearest call that carries ``packed_lengths``: the model's own, and its decoder layer's
-(gradient checkpointing calls the decoder layer again in the backward, with the same keywords).
+reach a state layer with its own keywords (transformers passes the model call's on), else from the nearest call that
+carried ``packed_lengths`` (the model's, its decoder layer's: Jamba calls its mixer without keywords). Gradient
+checkpointing recomputes a decoder layer in the backward with the keywords of its forward; a layer without keywords
+then reads the latest row's, right where each micro-batch's backward follows its forward (anyfit's loop), and one
+that cannot lay out the row it is given stops with an error rather than leak.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ KERNELS, PER_EXAMPLE = "kernels", "per_example"
 # Keywords that describe the packed row: a layer that runs on the examples as rows must not read them.
 _ROW_KEYWORDS = ("packed_lengths", "cu_seq_lens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                  "seq_idx")
+
+
+class BoundaryError(RuntimeError):
+    """A state layer was handed a row its example boundaries do not describe."""
 
 
 class _Layout:
@@ -92,22 +99,23 @@ class Boundaries:
         if "packed_lengths" in kwargs:
             self.lengths = kwargs["packed_lengths"]
 
-    def _layout(self, device) -> _Layout:
-        if self._last is None or self._last.lengths != self.lengths or self._last.slots.device != device:
-            self._last = _Layout(tuple(self.lengths), device)
+    def _layout(self, lengths: tuple[int, ...], device) -> _Layout:
+        if self._last is None or self._last.lengths != lengths or self._last.slots.device != device:
+            self._last = _Layout(tuple(lengths), device)
         return self._last
 
     def _split(self, module, args, kwargs):
         """The packed row's (1, T, ...) inputs as the examples' right-padded rows, with their padding mask."""
-        lengths = self.lengths
+        lengths = kwargs.get("packed_lengths", self.lengths)
         if lengths is None or len(lengths) < 2:
             return None
         total = sum(lengths)
         row = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor) and a.dim() >= 2
                and a.shape[0] == 1 and a.shape[1] == total]
         if not row:
-            return None
-        layout = self._layout(row[0].device)
+            raise BoundaryError(f"{type(module).__name__} got no packed row of {total} tokens "
+                               f"({len(lengths)} examples): its example boundaries are not those of its input")
+        layout = self._layout(tuple(lengths), row[0].device)
         self._layouts[id(module)] = layout
 
         def split(value):

@@ -96,8 +96,8 @@ def activation_bytes(shape: ModelShape, setup: Setup) -> Activations:
     rs = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.compute_weight_bytes
     casts = a < rs  # autocast casts each linear's input
     h, inter, q = shape.hidden_size, shape.intermediate_size, shape.q_dim
-    # padded batches carry a mask; so does every batch of a model with stateful layers (never packed)
-    masked = (setup.padding or bool(shape.stateful)) and setup.sequence_parallel == 1
+    # padded batches carry a mask (a model with state layers packs too: they run per example inside the packed row)
+    masked = setup.padding and setup.sequence_parallel == 1
     repeat_kv = masked and setup.device != "mps"  # torch >= 2.13 MPS takes GQA with a mask
     kv = q if repeat_kv else shape.kv_dim
     full = setup.method == "full"

@@ -29,7 +29,7 @@ from anyfit.data.batching import to_device
 from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.composite import language_attention
 from anyfit.model.packing import smallest_window, stateful_layers
-from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, Boundaries
+from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, BoundaryError, Boundaries
 from anyfit.training.loss import model_dtype, model_inputs
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
@@ -195,7 +195,7 @@ def choose_packing(model: nn.Module, examples, rows, max_length: int, device, co
     tokens = sum(len(p["input_ids"]) for p in probes)
     alone: dict = {}  # the probes' logits one at a time, computed once
 
-    def attempt(positions: bool, refused=(NotExactPacked,)) -> tuple[float, list[str], str]:
+    def attempt(positions: bool, refused=(NotExactPacked, BoundaryError)) -> tuple[float, list[str], str]:
         try:
             error, kernels = relative_error(model, probes, rows, device, autocast, positions, alone)
         except refused as why:

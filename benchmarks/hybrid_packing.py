@@ -1,0 +1,142 @@
+"""Hybrid models packed against padded batches (issue 55): tokens/s and the per-step losses, side by side in one run.
+
+    uv run --group bench python benchmarks/hybrid_packing.py --out benchmarks/results/hybrid_packing
+    (--models qwen3_5,falcon_h1 picks models; --steps, --warmup, --examples, --batch, --seed change the defaults)
+
+Models (random init, seed 0, fp32 on the CPU, with speed_vs_trl's WordLevel tokenizer):
+- ``qwen3_5``: a tiny Qwen3.5-like text model: 4 layers, 3 Gated DeltaNet and 1 full attention (Qwen3.5's 3:1
+  pattern), hidden 128;
+- ``falcon_h1``: a tiny Falcon-H1 (Mamba-2 mixer beside attention in every layer), 4 layers, hidden 128.
+Data: short chat rows as token ids, a prompt and an answer of log-normal lengths (medians 40 and 100 tokens, clipped
+to [4, 512] and [8, 512]), the loss on the answer only (``completion_mask``).
+
+Runs (each in its own process, through speed_vs_trl's child): ``packed`` (anyfit's defaults: the packing self-test
+decides, here the state layers one example per row) and ``padded`` (``train.packing=false``: what every hybrid trained
+on before issue 55). Both draw the same windows from the same seed, so the per-step losses must agree to fp32 round-off:
+the largest relative difference is printed. tokens/s counts real tokens (never padding) over the steps after
+``--warmup``. Writes ``--out``/results.json and results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from speed_vs_trl import (Workload, anyfit_spec, build_random_model, environment, fmt,  # noqa: E402
+                          lognormal_lengths, run_child, summarise, write_rows)
+
+RUNS = {"packed": "anyfit", "padded": "anyfit-no-packing"}  # this benchmark's name -> speed_vs_trl's variant
+
+
+def model_config(family: str):
+    from transformers import AutoConfig
+
+    small = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=32, vocab_size=1000, max_position_embeddings=2048,
+                 tie_word_embeddings=True)
+    if family == "qwen3_5":
+        return AutoConfig.for_model("qwen3_5_text", **small, layer_types=["linear_attention"] * 3 + ["full_attention"],
+                                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
+                                    linear_value_head_dim=32)
+    return AutoConfig.for_model("falcon_h1", **small, mamba_d_ssm=256, mamba_n_heads=8, mamba_d_head=32,
+                                mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=64)
+
+
+def chat_rows(n: int, vocab: int, seed: int) -> list[dict[str, list[int]]]:
+    """``n`` rows of a prompt and an answer of log-normal lengths, loss on the answer."""
+    rng = random.Random(seed + 1)
+    prompts = lognormal_lengths(n, seed, median=40, sigma=0.7, low=4, high=512)
+    answers = lognormal_lengths(n, seed + 2, median=100, sigma=0.7, low=8, high=512)
+    return [{"input_ids": [rng.randrange(vocab - 2) for _ in range(p + a)], "completion_mask": [0] * p + [1] * a}
+            for p, a in zip(prompts, answers)]
+
+
+def workload(family: str, args: argparse.Namespace, work: Path) -> Workload:
+    model_dir, data = work / "model", work / "data.jsonl"
+    vocab = build_random_model(model_dir, tiny=True, config=model_config(family))
+    rows = chat_rows(args.examples, vocab, args.seed)
+    write_rows(rows, data)
+    config = json.loads((model_dir / "config.json").read_text())
+    return Workload(name=family, device="cpu", model_dir=str(model_dir), data_path=str(data), n_examples=len(rows),
+                    mean_length=sum(len(r["input_ids"]) for r in rows) / len(rows),
+                    layers=config["num_hidden_layers"], hidden=config["hidden_size"], max_length=1024,
+                    learning_rate=1e-4, steps=args.steps, lora=False, has_completion_mask=True,
+                    notes=[f"random-init tiny {family}, short chat rows"])
+
+
+def measure(family: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix=f"hybrid_packing_{family}_"))
+    try:
+        wl = workload(family, args, work)
+        runs = {}
+        for name, variant in RUNS.items():
+            spec = anyfit_spec(variant, wl, args, work)
+            spec["overrides"] += [f"train.effective_batch={args.batch}", f"train.micro_batch={args.batch}"]
+            spec.update(name=f"{family}-{name}", device="cpu", model_dir=wl.model_dir, data_path=wl.data_path)
+            raw = run_child(spec, work, out / "logs" / f"{family}-{name}.log")
+            runs[name] = summarise(name, "anyfit", spec["settings"], raw, wl, args.warmup, None)
+            print(f"[{family} {name}] {fmt(runs[name].get('tokens_per_s'), ',.0f')} tokens/s "
+                  f"{runs[name].get('error', '')}", flush=True)
+        if any("error" in r for r in runs.values()):
+            return {"model": family, "workload": wl.__dict__, "runs": runs}
+        losses = [[s["loss"] for s in runs[n]["steps"]] for n in RUNS]
+        worst = max(abs(a - b) / abs(b) for a, b in zip(*losses))
+        return {"model": family, "workload": wl.__dict__, "runs": runs, "loss_max_rel_diff": worst,
+                "speedup": runs["packed"]["tokens_per_s"] / runs["padded"]["tokens_per_s"],
+                "packing_line": packing_line(out / "logs" / f"{family}-packed.log")}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def packing_line(log: Path) -> str:
+    return next((line.split("] ", 1)[1] for line in log.read_text(errors="replace").splitlines()
+                 if line.startswith("[anyfit] packing:")), "")
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = ["| model | mean tokens/example | packed tokens/s | padded tokens/s | packed / padded | "
+             "per-step losses, max rel. diff |", "|---|---|---|---|---|---|"]
+    for r in results:
+        if "speedup" not in r:
+            lines.append(f"| {r['model']} | FAILED: see logs | | | | |")
+            continue
+        p, q = r["runs"]["packed"], r["runs"]["padded"]
+        lines.append(f"| {r['model']} | {r['workload']['mean_length']:.0f} | {p['tokens_per_s']:,.0f} | "
+                     f"{q['tokens_per_s']:,.0f} | {r['speedup']:.2f}x | {r['loss_max_rel_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/results/hybrid_packing")
+    p.add_argument("--models", default="qwen3_5,falcon_h1")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--examples", type=int, default=2000)
+    p.add_argument("--batch", type=int, default=16, help="examples per step (one micro-batch)")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    env = environment("cpu")
+    print(f"[env] {env}", flush=True)
+    results = [measure(family, args, out) for family in args.models.split(",")]
+    (out / "results.json").write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=1))
+    md = table(results)
+    (out / "results.md").write_text(md + "\n")
+    print(md)
+    for r in results:
+        print(f"{r['model']}: {r.get('packing_line', '')}")
+    sys.exit(0 if all(math.isfinite(r.get("speedup", math.nan)) for r in results) else 1)
+
+
+if __name__ == "__main__":
+    main()
