@@ -9,10 +9,10 @@ hooks on the model's own modules (no class changed, every parameter keeps its na
   only where the layer's kernel honours them (flash-linear-attention's chunked gated delta rule on CUDA); transformers'
   CPU fallbacks ignore them or refuse them;
 - ``PER_EXAMPLE``: each state layer (``anyfit.model.packing.state_modules``) takes the row's examples as rows of their
-  own, right-padded to the longest, in one call, with the padding mask padded batches give it; its output is laid
-  back into the packed row. Attention, MLPs and the output layer still run on the packed row. Exact for any causal
-  layer: a position reads only its own example's earlier positions, and the padding comes after them. The padding
-  is paid in these layers only, and is small: a micro-batch holds examples of similar lengths (``WindowSampler``).
+  own, right-padded, with the padding mask padded batches give it; its output is laid back into the packed row.
+  Attention, MLPs and the output layer still run on the packed row. Exact for any causal layer: a position reads only
+  its own example's earlier positions, and the padding comes after them. Examples of similar lengths share a call
+  (a new group wherever padding would more than double a group's tokens), so the padding stays small.
 
 ``anyfit.training.packing_check`` tries them on the user's model and keeps the first that gives what one example at a
 time gives. A wrapper module would rename the layer's parameters (checkpoints, PEFT targets, optimizer state); a
@@ -42,23 +42,53 @@ class BoundaryError(RuntimeError):
     """A state layer was handed a row its example boundaries do not describe."""
 
 
-class _Layout:
-    """Where each position of a packed row of ``lengths`` sits among the examples as right-padded rows."""
+class _Group:
+    """Some examples of a packed row as right-padded rows of their own (``take``: their positions in the row, in the
+    order of ``slots``, their places in the flattened rows)."""
 
-    def __init__(self, lengths: tuple[int, ...], device):
-        self.lengths, self.rows, self.longest = lengths, len(lengths), max(lengths)
-        slots = [r * self.longest + i for r, n in enumerate(lengths) for i in range(n)]
-        self.slots = torch.tensor(slots, device=device)
-        self.mask = torch.tensor([[1] * n + [0] * (self.longest - n) for n in lengths], device=device)
+    def __init__(self, examples: list[tuple[int, int]], device):  # (start in the row, length), longest first
+        self.rows, self.longest = len(examples), examples[0][1]
+        self.take = torch.tensor([s + i for s, n in examples for i in range(n)], device=device)
+        self.slots = torch.tensor([r * self.longest + i for r, (_, n) in enumerate(examples) for i in range(n)],
+                                  device=device)
+        self.mask = torch.tensor([[1] * n + [0] * (self.longest - n) for _, n in examples], device=device)
 
     def pad(self, x: torch.Tensor) -> torch.Tensor:
         """(1, T, ...) -> (rows, longest, ...), zeros after each example."""
         grid = x.new_zeros((self.rows * self.longest, *x.shape[2:]))
-        return grid.index_copy(0, self.slots, x[0]).view(self.rows, self.longest, *x.shape[2:])
+        return grid.index_copy(0, self.slots, x[0].index_select(0, self.take)).view(self.rows, self.longest,
+                                                                                    *x.shape[2:])
 
     def unpad(self, x: torch.Tensor) -> torch.Tensor:
-        """(rows, longest, ...) -> (1, T, ...)."""
-        return x.reshape(self.rows * self.longest, *x.shape[2:]).index_select(0, self.slots).unsqueeze(0)
+        """(rows, longest, ...) -> (tokens, ...), in ``take``'s order."""
+        return x.reshape(self.rows * self.longest, *x.shape[2:]).index_select(0, self.slots)
+
+
+class _Layout:
+    """A packed row of ``lengths`` as groups of right-padded rows: longest first, a new group wherever padding to the
+    group's longest would more than double its tokens (so a short example never pays for a long one's length, and
+    rows of similar lengths, the usual micro-batch, stay one call)."""
+
+    WASTE = 2.0
+
+    def __init__(self, lengths: tuple[int, ...], device):
+        self.lengths, self.total = lengths, sum(lengths)
+        starts = [sum(lengths[:i]) for i in range(len(lengths))]
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        groups: list[list[tuple[int, int]]] = []
+        for i in order:
+            group = groups[-1] if groups else None
+            if group and (len(group) + 1) * group[0][1] <= self.WASTE * (sum(n for _, n in group) + lengths[i]):
+                group.append((starts[i], lengths[i]))
+            else:
+                groups.append([(starts[i], lengths[i])])
+        self.groups = [_Group(g, device) for g in groups]
+        self.device = self.groups[0].take.device
+        self.order = torch.argsort(torch.cat([g.take for g in self.groups]))  # concatenated groups -> row order
+
+    def merge(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+        """Each group's (rows, longest, ...) output -> the packed row's (1, T, ...)."""
+        return torch.cat([g.unpad(out) for g, out in zip(self.groups, outputs)]).index_select(0, self.order)[None]
 
 
 class Boundaries:
@@ -67,7 +97,7 @@ class Boundaries:
 
     def __init__(self, model: nn.Module, how: str):
         self.how, self.lengths = how, None
-        self._layouts: dict[int, _Layout] = {}  # a state layer's call in flight -> its layout
+        self._layouts: dict[int, tuple] = {}  # a state layer's call in flight -> its layout and inputs
         self._last: _Layout | None = None
         self.layers = state_modules(model) if how == PER_EXAMPLE else []
         self.handles = [model.register_forward_pre_hook(self._enter, with_kwargs=True)]
@@ -100,12 +130,13 @@ class Boundaries:
             self.lengths = kwargs["packed_lengths"]
 
     def _layout(self, lengths: tuple[int, ...], device) -> _Layout:
-        if self._last is None or self._last.lengths != lengths or self._last.slots.device != device:
+        if self._last is None or self._last.lengths != lengths or self._last.device != device:
             self._last = _Layout(tuple(lengths), device)
         return self._last
 
     def _split(self, module, args, kwargs):
-        """The packed row's (1, T, ...) inputs as the examples' right-padded rows, with their padding mask."""
+        """The packed row's (1, T, ...) inputs as the first group's right-padded rows, with their padding mask (the
+        other groups run in ``_merge``)."""
         lengths = kwargs.get("packed_lengths", self.lengths)
         if lengths is None or len(lengths) < 2:
             return None
@@ -114,27 +145,38 @@ class Boundaries:
                and a.shape[0] == 1 and a.shape[1] == total]
         if not row:
             raise BoundaryError(f"{type(module).__name__} got no packed row of {total} tokens "
-                               f"({len(lengths)} examples): its example boundaries are not those of its input")
+                                f"({len(lengths)} examples): its example boundaries are not those of its input")
         layout = self._layout(tuple(lengths), row[0].device)
-        self._layouts[id(module)] = layout
-
-        def split(value):
-            return layout.pad(value) if any(value is r for r in row) else value
-
-        kwargs = {k: split(v) for k, v in kwargs.items() if k not in _ROW_KEYWORDS}
-        if "attention_mask" in kwargs:  # what padded batches give the layer (transformers zeroes padded states)
-            kwargs["attention_mask"] = layout.mask
-        return tuple(split(a) for a in args), kwargs
+        kwargs = {k: v for k, v in kwargs.items() if k not in _ROW_KEYWORDS}
+        self._layouts[id(module)] = (layout, args, kwargs, row)
+        return _inputs(layout.groups[0], args, kwargs, row)
 
     def _merge(self, module, args, output):
-        layout = self._layouts.pop(id(module), None)
+        """The first group's output and the other groups' (the layer's own forward, its hooks already run for this
+        call), laid back into the packed row."""
+        layout, args, kwargs, row = self._layouts.pop(id(module), (None, None, None, None))
         if layout is None:
             return None
+        outputs = [output] + [module.forward(*g_args, **g_kwargs) for g_args, g_kwargs in
+                              (_inputs(g, args, kwargs, row) for g in layout.groups[1:])]
+        first = layout.groups[0]
 
-        def merge(value):
-            if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (layout.rows,
-                                                                                             layout.longest):
-                return layout.unpad(value)
-            return value
+        def merged(i: int | None):
+            values = [out if i is None else out[i] for out in outputs]
+            head = values[0]
+            if isinstance(head, torch.Tensor) and head.dim() >= 2 and head.shape[:2] == (first.rows, first.longest):
+                return layout.merge(values)
+            return head
 
-        return tuple(merge(v) for v in output) if type(output) is tuple else merge(output)
+        return tuple(merged(i) for i in range(len(output))) if type(output) is tuple else merged(None)
+
+
+def _inputs(group: _Group, args: tuple, kwargs: dict, row: list[torch.Tensor]) -> tuple[tuple, dict]:
+    """A state layer's call for ``group``: its packed-row tensors padded, its padding mask where it takes one."""
+    def split(value):
+        return group.pad(value) if any(value is r for r in row) else value
+
+    kwargs = {k: split(v) for k, v in kwargs.items()}
+    if "attention_mask" in kwargs:  # what padded batches give the layer (transformers zeroes padded states)
+        kwargs["attention_mask"] = group.mask
+    return tuple(split(a) for a in args), kwargs

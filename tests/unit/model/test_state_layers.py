@@ -1,0 +1,53 @@
+"""``anyfit.model.state_layers``: a state layer of a packed row runs on the row's examples as right-padded rows, in
+groups of similar lengths, and its output lands back where each example sits in the row."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from anyfit.model.state_layers import PER_EXAMPLE, Boundaries, _Layout
+
+
+class ToyMambaMixer(nn.Module):
+    """A running sum along the sequence: the simplest state, which packing would carry into the next example."""
+
+    def forward(self, hidden_states, attention_mask=None):
+        if attention_mask is not None:
+            hidden_states = hidden_states * attention_mask[..., None]
+        return hidden_states.cumsum(dim=1)
+
+
+class Toy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.mixer = ToyMambaMixer()
+        self.calls = 0
+        self.mixer.register_forward_pre_hook(lambda m, a, k: setattr(self, "calls", self.calls + 1), with_kwargs=True)
+
+    def forward(self, x, packed_lengths=None):
+        return self.mixer(hidden_states=x, attention_mask=None) * 2.0
+
+
+def test_groups_of_similar_lengths():
+    """Longest first; a new group where padding would more than double the group's tokens (3 after 100 and 5)."""
+    layout = _Layout((3, 100, 5), "cpu")
+    assert [(g.rows, g.longest) for g in layout.groups] == [(2, 100), (1, 3)]
+    row = torch.arange(108.0)[None, :, None]
+    assert torch.equal(layout.merge([g.pad(row) for g in layout.groups]), row)
+
+
+def test_each_example_starts_from_an_empty_state():
+    lengths = (40, 3, 100, 5)  # two groups: (100, 40), (5, 3)
+    x = torch.randn(1, sum(lengths), 4, requires_grad=True)
+    toy = Toy()
+    hooks = Boundaries(toy, PER_EXAMPLE)
+    assert hooks.layers == [toy.mixer]
+    got = toy(x, packed_lengths=lengths)
+    want = torch.cat([part.cumsum(dim=1) * 2.0 for part in x.split(lengths, dim=1)], dim=1)
+    assert torch.allclose(got, want) and toy.calls == 1  # the second group runs inside the same call
+    got.sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape
+    assert torch.allclose(toy(x), x.cumsum(dim=1) * 2.0)  # no boundaries: the layer as it is
+    hooks.remove()
+    assert torch.allclose(toy(x, packed_lengths=lengths), x.cumsum(dim=1) * 2.0)
