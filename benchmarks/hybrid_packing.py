@@ -10,11 +10,13 @@ Models (random init, seed 0, fp32 on the CPU, with speed_vs_trl's WordLevel toke
 Data: short chat rows as token ids, a prompt and an answer of log-normal lengths (medians 40 and 100 tokens, clipped
 to [4, 512] and [8, 512]), the loss on the answer only (``completion_mask``).
 
-Runs (each in its own process, through speed_vs_trl's child): ``packed`` (anyfit's defaults: the packing self-test
+First, in-process step pairs (``paired_steps``): the same micro-batches' forward and backward packed and padded, one
+after the other. Then runs (each in its own process, through speed_vs_trl's child): ``packed`` (anyfit's defaults: the packing self-test
 decides, here the state layers one example per row) and ``padded`` (``train.packing=false``: what every hybrid trained
 on before issue 55). Both draw the same windows from the same seed, so the per-step losses must agree to fp32 round-off:
 the largest relative difference is printed. tokens/s counts real tokens (never padding) over the steps after
-``--warmup``. Writes ``--out``/results.json and results.md.
+``--warmup``; each variant runs ``--pairs`` times in turn, and the speed-up is the median of the pairs' ratios.
+Writes ``--out``/results.json and results.md.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import json
 import math
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -73,27 +76,90 @@ def workload(family: str, args: argparse.Namespace, work: Path) -> Workload:
 
 
 def measure(family: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """``--pairs`` runs of each variant, packed and padded in turn (A B A B: a drift of the shared machine's speed
+    moves both alike); tokens/s is each variant's median, the speed-up the median of the pairs' ratios."""
     work = Path(tempfile.mkdtemp(prefix=f"hybrid_packing_{family}_"))
     try:
         wl = workload(family, args, work)
-        runs = {}
-        for name, variant in RUNS.items():
-            spec = anyfit_spec(variant, wl, args, work)
-            spec["overrides"] += [f"train.effective_batch={args.batch}", f"train.micro_batch={args.batch}"]
-            spec.update(name=f"{family}-{name}", device="cpu", model_dir=wl.model_dir, data_path=wl.data_path)
-            raw = run_child(spec, work, out / "logs" / f"{family}-{name}.log")
-            runs[name] = summarise(name, "anyfit", spec["settings"], raw, wl, args.warmup, None)
-            print(f"[{family} {name}] {fmt(runs[name].get('tokens_per_s'), ',.0f')} tokens/s "
-                  f"{runs[name].get('error', '')}", flush=True)
-        if any("error" in r for r in runs.values()):
+        runs: dict[str, list[dict[str, Any]]] = {name: [] for name in RUNS}
+        for pair in range(args.pairs):
+            for name, variant in RUNS.items():
+                spec = anyfit_spec(variant, wl, args, work)
+                spec["overrides"] += [f"train.effective_batch={args.batch}", f"train.micro_batch={args.batch}"]
+                spec.update(name=f"{family}-{name}", device="cpu", model_dir=wl.model_dir, data_path=wl.data_path)
+                raw = run_child(spec, work, out / "logs" / f"{family}-{name}-{pair}.log")
+                runs[name].append(summarise(name, "anyfit", spec["settings"], raw, wl, args.warmup, None))
+                print(f"[{family} {name} {pair}] {fmt(runs[name][-1].get('tokens_per_s'), ',.0f')} tokens/s "
+                      f"{runs[name][-1].get('error', '')}", flush=True)
+        if any("error" in r for rs in runs.values() for r in rs):
             return {"model": family, "workload": wl.__dict__, "runs": runs}
-        losses = [[s["loss"] for s in runs[n]["steps"]] for n in RUNS]
-        worst = max(abs(a - b) / abs(b) for a, b in zip(*losses))
-        return {"model": family, "workload": wl.__dict__, "runs": runs, "loss_max_rel_diff": worst,
-                "speedup": runs["packed"]["tokens_per_s"] / runs["padded"]["tokens_per_s"],
-                "packing_line": packing_line(out / "logs" / f"{family}-packed.log")}
+        losses = [[s["loss"] for s in runs[n][0]["steps"]] for n in RUNS]
+        tps = {n: [r["tokens_per_s"] for r in runs[n]] for n in RUNS}
+        return {"model": family, "workload": wl.__dict__, "runs": runs, "tokens_per_s": tps,
+                "loss_max_rel_diff": max(abs(a - b) / abs(b) for a, b in zip(*losses)),
+                "median": {n: statistics.median(v) for n, v in tps.items()},
+                "speedup": statistics.median(p / q for p, q in zip(tps["packed"], tps["padded"])),
+                "packing_line": packing_line(out / "logs" / f"{family}-packed-0.log")}
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def paired_steps(family: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Forward and backward of the same micro-batches (``--batch`` examples drawn at random, sorted by length as
+    anyfit's sampler does), packed as the self-test decides and padded through transformers' SDPA, one after the other,
+    ``--step-pairs`` times: on a shared machine whose speed swings within a run, a pair a second apart is the fairest
+    comparison. Returns each side's median tokens/s and the median of the pairs' ratios."""
+    import functools
+    import time
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from anyfit.data.batching import IGNORE_INDEX, collate
+    from anyfit.model.attention import register
+    from anyfit.training.loss import token_loss_sum
+    from anyfit.training.packing_check import choose_packing
+
+    config = model_config(family)
+    config.pad_token_id = config.vocab_size - 1
+    rows = chat_rows(args.batch * args.step_pairs, config.vocab_size, args.seed)
+    examples = _Lengths({"input_ids": r["input_ids"], "labels": [t if m else IGNORE_INDEX for t, m in
+                                                                 zip(r["input_ids"], r["completion_mask"])]}
+                        for r in rows)
+    register()
+    torch.manual_seed(0)
+    packed_model = AutoModelForCausalLM.from_config(config, attn_implementation="anyfit_varlen")
+    torch.manual_seed(0)
+    padded_model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    verdict = choose_packing(packed_model, examples, functools.partial(collate, pad_id=config.pad_token_id),
+                             1024, "cpu", torch.float32)
+
+    def seconds(model, batch) -> float:
+        start = time.perf_counter()
+        token_loss_sum(model, batch).backward()
+        return time.perf_counter() - start
+
+    ratios, rates = [], {"packed": [], "padded": []}
+    for i in range(args.step_pairs):
+        micro = sorted(examples[i * args.batch:(i + 1) * args.batch], key=lambda e: -len(e["input_ids"]))
+        tokens = sum(len(e["input_ids"]) for e in micro)
+        packed = seconds(packed_model, collate(micro, config.pad_token_id, packed=verdict.packed))
+        padded = seconds(padded_model, collate(micro, config.pad_token_id))
+        rates["packed"].append(tokens / packed)
+        rates["padded"].append(tokens / padded)
+        ratios.append(padded / packed)
+    return {"line": verdict.line, "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()},
+            "speedup": statistics.median(ratios), "pairs": args.step_pairs}
+
+
+class _Lengths(list):
+    """Examples with the ``lengths`` array the packing self-test reads of a token store's view."""
+
+    @property
+    def lengths(self):
+        import numpy as np
+
+        return np.asarray([len(e["input_ids"]) for e in self])
 
 
 def packing_line(log: Path) -> str:
@@ -102,15 +168,19 @@ def packing_line(log: Path) -> str:
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = ["| model | mean tokens/example | packed tokens/s | padded tokens/s | packed / padded | "
-             "per-step losses, max rel. diff |", "|---|---|---|---|---|---|"]
+    lines = ["| model | mean tokens/example | packed tokens/s (runs) | padded tokens/s (runs) | packed / padded "
+             "(median of pairs) | step pairs: packed / padded | "
+             "per-step losses, max rel. diff |", "|---|---|---|---|---|---|---|"]
     for r in results:
         if "speedup" not in r:
-            lines.append(f"| {r['model']} | FAILED: see logs | | | | |")
+            lines.append(f"| {r['model']} | FAILED: see logs | | | | | |")
             continue
-        p, q = r["runs"]["packed"], r["runs"]["padded"]
-        lines.append(f"| {r['model']} | {r['workload']['mean_length']:.0f} | {p['tokens_per_s']:,.0f} | "
-                     f"{q['tokens_per_s']:,.0f} | {r['speedup']:.2f}x | {r['loss_max_rel_diff']:.1e} |")
+        m, t = r["median"], r["tokens_per_s"]
+        lines.append(f"| {r['model']} | {r['workload']['mean_length']:.0f} | {m['packed']:,.0f} "
+                     f"({', '.join(f'{v:,.0f}' for v in t['packed'])}) | {m['padded']:,.0f} "
+                     f"({', '.join(f'{v:,.0f}' for v in t['padded'])}) | {r['speedup']:.2f}x | "
+                     f"{r['step_pairs']['speedup']:.2f}x | "
+                     f"{r['loss_max_rel_diff']:.1e} |")
     return "\n".join(lines)
 
 
@@ -123,12 +193,20 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=2000)
     p.add_argument("--batch", type=int, default=16, help="examples per step (one micro-batch)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pairs", type=int, default=3, help="runs of each variant, in turn")
+    p.add_argument("--step-pairs", type=int, default=12, help="micro-batches timed packed then padded, in-process")
     args = p.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
     env = environment("cpu")
     print(f"[env] {env}", flush=True)
-    results = [measure(family, args, out) for family in args.models.split(",")]
+    results = []
+    for family in args.models.split(","):
+        steps = paired_steps(family, args)
+        print(f"[{family} step pairs] packed {steps['tokens_per_s']['packed']:,.0f}, padded "
+              f"{steps['tokens_per_s']['padded']:,.0f} tokens/s, packed / padded {steps['speedup']:.2f}x", flush=True)
+        runs = measure(family, args, out) if args.pairs else {"model": family}
+        results.append({**runs, "step_pairs": steps})
     (out / "results.json").write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=1))
     md = table(results)
     (out / "results.md").write_text(md + "\n")
