@@ -69,9 +69,10 @@ def test_a_run_on_image_records_trains_the_language_model_and_keeps_the_tower(fa
     assert "images" in said and "image tokens (never trained on)" in said, said
     if family == "gemma3":  # the tiny Gemma-3 sees 32x32: every image of the data is larger
         assert "12 images (12 shrunk by the processor to its size limit)" in said, said
-    # Qwen3.5's linear attention keeps it on padded rows; Gemma-3 packs through transformers' own attention (its image
-    # tokens attend to each other both ways, which anyfit_varlen's causal slices do not give), self-tested with images
-    assert ("packing: off for this model" if family == "qwen3_5" else "with images") in said, said
+    # Qwen3.5 packs with its linear attention run one example per row; Gemma-3 through transformers' own attention (its
+    # image tokens attend to each other both ways, which anyfit_varlen's causal slices do not give); self-tested with
+    # images
+    assert "with images" in said and ("run one example per row" in said) is (family == "qwen3_5"), said
     out = tmp_path / "run"
     assert (out / "processor_config.json").is_file()  # the model's processor, saved with it
     before, after = _tensors(model), _tensors(out)
