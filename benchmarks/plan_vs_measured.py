@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -172,38 +173,54 @@ def workload_config(name: str, out: Path, steps: int):
     import speed_vs_trl
 
     args = argparse.Namespace(workload=name, examples=None, seed=0, steps=steps, tiny=False)
+    out.mkdir(parents=True, exist_ok=True)
     wl = speed_vs_trl.prepare_workload(args, out)
     return load_config(None, speed_vs_trl.anyfit_spec("anyfit", wl, args, out)["overrides"])
 
 
-def run_workload(name: str, out: str, steps: int) -> dict:
-    """Runs in a fresh process: train, then read what the run planned and what it measured."""
-    from anyfit.hardware.calibration import known_rates
+def run_workload(name: str, out: str, steps: int, fresh_rates: bool) -> dict:
+    """Runs in a fresh process: train, then read what the run planned and what it measured. ``fresh_rates``: the
+    plan uses this machine's rates measured just before the run (the cached best ones are put back after)."""
+    from anyfit.hardware.calibration import known_rates, measure_rates, record_rates
     from anyfit.training.loop import train
 
     out_dir = Path(out)
     cfg = workload_config(name, out_dir, steps)
     load = os.getloadavg()[0]
-    train(cfg, echo=lambda *a, **k: None)
+    kept = known_rates("cpu", "fp32")
+    if fresh_rates:  # the rates of the moment, so that other jobs on the cores weigh on plan and run alike
+        record_rates(measure_rates("cpu", "fp32"), keep_best=False)
+    try:
+        train(cfg, echo=lambda *a, **k: None)
+    finally:
+        used = known_rates("cpu", "fp32")
+        if fresh_rates and kept is not None:
+            record_rates(kept, keep_best=False)
     planned = json.loads((out_dir / "run_info.json").read_text())["planned"]
     metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     steps_ = [m for m in metrics if m.get("tokens_per_s") and m["step"] > WARMUP_STEPS]
     seconds = [m["real_tokens"] / m["tokens_per_s"] for m in steps_]
-    rates = known_rates("cpu", "fp32")
-    return {"workload": name, "planned": planned, "measured_tokens_per_s": sum(m["real_tokens"] for m in steps_)
-            / sum(seconds), "step_tokens_per_s": [m["tokens_per_s"] for m in steps_],
+    rates = used
+    return {"workload": name, "planned": planned, "mean_tokens_per_s": sum(m["real_tokens"] for m in steps_)
+            / sum(seconds), "measured_tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps_),
+            "step_tokens_per_s": [m["tokens_per_s"] for m in steps_],
             "load_avg": [load, os.getloadavg()[0]], "rates": rates.summary() if rates else None}
 
 
 def time_markdown(rows: list[dict], command: str) -> str:
     lines = [f"Command: `{command}`", "", f"Machine: {machine_line()}", "",
-             f"Rates the plans used: {rows[0]['rates']}", "",
-             "| workload | run | planned tokens/s | measured tokens/s (steps > 2) | measured / planned | step tokens/s "
-             "min-max | load avg start-end |", "|---|---|---|---|---|---|---|"]
+             "Rates the plans used: " + ("measured just before each run (`--fresh-rates`)" if len({r['rates'] for r in
+                                                                                      rows}) > 1 else rows[0]["rates"]),
+             "",
+             "Measured: the median over the steps after the first two of the tokens/s each step logged (a step "
+             "another job slowed on the shared cores moves it less than the mean); the mean and the range beside it.",
+             "", "| workload | run | planned tokens/s | measured tokens/s | measured / planned | mean tokens/s | "
+             "step tokens/s min-max | load avg start-end |", "|---|---|---|---|---|---|---|---|"]
     for i, r in enumerate(rows):
         planned = r["planned"].get("tokens_per_s")
         ratio = r["measured_tokens_per_s"] / planned if planned else float("nan")
         lines.append(f"| {r['workload']} | {i} | {planned} | {r['measured_tokens_per_s']:.1f} | {ratio:.2f} | "
+                     f"{r['mean_tokens_per_s']:.1f} | "
                      f"{min(r['step_tokens_per_s']):.0f}-{max(r['step_tokens_per_s']):.0f} | "
                      f"{r['load_avg'][0]:.1f}-{r['load_avg'][1]:.1f} |")
     return "\n".join(lines) + "\n"
@@ -224,7 +241,7 @@ def run_time_workloads(args) -> int:
             for name in args.workloads:
                 out = Path(tmp) / f"{name}-{i}"
                 proc = subprocess.run([sys.executable, __file__, "--workload", name, "--out", str(out), "--steps",
-                                       str(args.steps)], capture_output=True, text=True)
+                                       str(args.steps), *(["--fresh-rates"] if args.fresh_rates else [])], capture_output=True, text=True)
                 line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
                 if line is None:
                     print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
@@ -357,6 +374,9 @@ def main() -> int:
     parser.add_argument("--workloads", nargs="+", choices=TIME_WORKLOADS,
                         help="Compare the run's planned tokens/s with its measured ones on these workloads instead.")
     parser.add_argument("--repeat", type=int, default=1, help="With --workloads: rounds over the workloads.")
+    parser.add_argument("--fresh-rates", action="store_true",
+                        help="With --workloads: plan each run on rates measured just before it (a shared machine's "
+                             "load then weighs on both) instead of the cached best ones.")
     parser.add_argument("--workload", help=argparse.SUPPRESS)  # internal: run one workload in this process
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
@@ -364,7 +384,7 @@ def main() -> int:
     args = parser.parse_args()
 
     if args.workload:
-        print("RESULT " + json.dumps(run_workload(args.workload, args.out, args.steps)))
+        print("RESULT " + json.dumps(run_workload(args.workload, args.out, args.steps, args.fresh_rates)))
         return 0
     if args.workloads:
         return run_time_workloads(args)

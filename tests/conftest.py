@@ -71,7 +71,7 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "PYTEST_XDIST_W
 # The rates the planner uses on this CPU (anyfit.hardware.calibration), fixed for the test session: a training run
 # records what the plan says of it, and a plan from a timing taken now would change with the machine and its load.
 TEST_RATES = {"matmul_tflops": {128: 0.05, 1024: 0.2}, "stream_gbs": {1 << 20: 100.0, 1 << 26: 20.0},
-              "op_seconds": 5e-6}
+              "op_seconds": 5e-6, "adapter_tflops": {16: 0.02}}
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -31,6 +31,11 @@ RATES_FILE = "machine_rates.json"
 # exceed by little; wider ones would make the measurement several seconds long).
 MATMUL_WIDTHS = (128, 256, 512, 1024)
 MATMUL_TOKENS = 1024
+# Ranks of the thin matmuls of a LoRA adapter at width 1024: x @ A, (x A) @ B and A's gradient x^T @ g, which run
+# far under the rate of square ones (a rank-16 operand keeps the vector units idle); a rank between two ranks gets
+# the log-linear interpolation.
+LORA_RANKS = (8, 16, 64)
+LORA_WIDTH = 1024
 # Sizes (bytes of one operand) of the element-wise grid: an add reading two tensors and writing a third.
 STREAM_BYTES = (1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
 OP_CHAIN = 200  # tiny autograd operations timed together for the per-operation cost
@@ -39,13 +44,18 @@ OP_CHAIN = 200  # tiny autograd operations timed together for the per-operation 
 @dataclass(frozen=True)
 class MachineRates:
     """What the micro-benchmark measured: matmul TFLOP/s by width, element-wise GB/s by operand bytes (read and
-    written bytes over the time), and seconds per eager autograd operation (its forward plus its backward)."""
+    written bytes over the time), seconds per eager autograd operation (its forward plus its backward), and the
+    TFLOP/s of a LoRA adapter's thin matmuls by rank."""
 
     key: str
     matmul_tflops: dict[int, float]
     stream_gbs: dict[int, float]
     op_seconds: float
+    adapter_tflops: dict[int, float]
     measured_at: str = ""
+
+    def adapter_at(self, rank: float) -> float:
+        return _interpolate(self.adapter_tflops, rank)
 
     def matmul_at(self, width: float) -> float:
         return _interpolate(self.matmul_tflops, width)
@@ -65,19 +75,22 @@ class MachineRates:
     def from_dict(d: dict) -> "MachineRates":
         return MachineRates(d["key"], {int(k): float(v) for k, v in d["matmul_tflops"].items()},
                             {int(k): float(v) for k, v in d["stream_gbs"].items()}, float(d["op_seconds"]),
-                            d.get("measured_at", ""))
+                            {int(k): float(v) for k, v in d["adapter_tflops"].items()}, d.get("measured_at", ""))
 
     def best_with(self, other: "MachineRates") -> "MachineRates":
         """Rate by rate, the better of two measurements of the same machine (the lower cost per operation)."""
         return MachineRates(self.key, {w: max(v, other.matmul_tflops.get(w, 0.0)) for w, v in self.matmul_tflops.items()},
                             {b: max(v, other.stream_gbs.get(b, 0.0)) for b, v in self.stream_gbs.items()},
-                            min(self.op_seconds, other.op_seconds), self.measured_at)
+                            min(self.op_seconds, other.op_seconds),
+                            {r: max(v, other.adapter_tflops.get(r, 0.0)) for r, v in self.adapter_tflops.items()},
+                            self.measured_at)
 
     def summary(self) -> str:
         mm = ", ".join(f"{w}: {v:.3g}" for w, v in sorted(self.matmul_tflops.items()))
         bw = ", ".join(f"{b / 2**20:g} MiB: {v:.3g}" for b, v in sorted(self.stream_gbs.items()))
-        return (f"matmul TFLOP/s by width {{{mm}}}; element-wise GB/s by operand size {{{bw}}}; "
-                f"{self.op_seconds * 1e6:.1f} us per eager autograd operation")
+        thin = ", ".join(f"{r}: {v:.3g}" for r, v in sorted(self.adapter_tflops.items()))
+        return (f"matmul TFLOP/s by width {{{mm}}}; LoRA adapter matmul TFLOP/s by rank {{{thin}}}; element-wise "
+                f"GB/s by operand size {{{bw}}}; {self.op_seconds * 1e6:.1f} us per eager autograd operation")
 
 
 def _interpolate(table: dict[int, float], x: float) -> float:
@@ -146,6 +159,12 @@ def _benchmarks(device: str, dt: torch.dtype) -> dict[tuple[str, int], tuple[flo
         x = torch.full((MATMUL_TOKENS, w), 0.01, device=device, dtype=dt)
         sq, up = (torch.full(s, 0.01, device=device, dtype=dt) for s in ((w, w), (w, 3 * w)))
         calls["matmul", w] = (2 * MATMUL_TOKENS * w * w * 4, lambda x=x, sq=sq, up=up: (x @ sq, x @ up))
+    x = torch.full((MATMUL_TOKENS, LORA_WIDTH), 0.01, device=device, dtype=dt)
+    for r in LORA_RANKS:
+        a, b, g = (torch.full(s, 0.01, device=device, dtype=dt) for s in ((LORA_WIDTH, r), (r, LORA_WIDTH),
+                                                                             (MATMUL_TOKENS, r)))
+        calls["adapter", r] = (2 * MATMUL_TOKENS * LORA_WIDTH * r * 3,
+                               lambda a=a, b=b, g=g: ((x @ a) @ b, x.t() @ g))
     for nbytes in STREAM_BYTES:
         a, b, out = (torch.full((nbytes * 8 // torch.finfo(dt).bits,), 0.5, device=device, dtype=dt) for _ in range(3))
         calls["stream", nbytes] = (3 * nbytes, lambda a=a, b=b, out=out: torch.add(a, b, out=out))
@@ -173,7 +192,8 @@ def measure_rates(device: str = "cpu", dtype: str = "fp32", seconds: float = 2.5
             best[name] = min(best[name], _timed(fn, device, seconds / passes / len(calls)))
     matmul = {w: calls["matmul", w][0] / best["matmul", w] / 1e12 for w in MATMUL_WIDTHS}
     stream = {b: calls["stream", b][0] / best["stream", b] / 1e9 for b in STREAM_BYTES}
-    return MachineRates(machine_key(device, dtype), matmul, stream, best["ops", 0] / OP_CHAIN,
+    adapter = {r: calls["adapter", r][0] / best["adapter", r] / 1e12 for r in LORA_RANKS}
+    return MachineRates(machine_key(device, dtype), matmul, stream, best["ops", 0] / OP_CHAIN, adapter,
                         time.strftime("%Y-%m-%d %H:%M"))
 
 
@@ -189,8 +209,8 @@ def record_rates(rates: MachineRates, keep_best: bool = True) -> MachineRates:
     """Keep ``rates`` in the cache under its key (rate by rate the best with what is there, unless ``keep_best`` is
     off); returns what is kept. Also how a test gives the planner a machine of its choosing."""
     known = _load()
-    if keep_best and rates.key in known:
-        rates = rates.best_with(MachineRates.from_dict(known[rates.key]))
+    if keep_best and (earlier := _parse(known.get(rates.key))) is not None:
+        rates = rates.best_with(earlier)
     path = cache_root() / RATES_FILE
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,10 +224,13 @@ def record_rates(rates: MachineRates, keep_best: bool = True) -> MachineRates:
 
 def known_rates(device: str = "cpu", dtype: str = "fp32") -> MachineRates | None:
     """The cached rates of this machine, without measuring; None before the first measurement."""
-    entry = _load().get(machine_key(device, dtype))
+    return _parse(_load().get(machine_key(device, dtype)))
+
+
+def _parse(entry) -> MachineRates | None:
     try:
         return MachineRates.from_dict(entry) if entry else None
-    except (KeyError, TypeError, ValueError):  # an older or damaged entry: measured again
+    except (KeyError, TypeError, ValueError, AttributeError):  # an older or damaged entry: measured again
         return None
 
 

@@ -111,12 +111,14 @@ def eager_operations(shape: ModelShape, setup: Setup) -> float:
 def measured_compute_seconds(shape: ModelShape, setup: Setup, tokens: float, rates: MachineRates) -> float:
     """Forward and backward seconds of ``tokens`` (per device, ``setup.seq_len`` long, in micro-batches of
     ``setup.micro_batch``) from this machine's measured rates, each term counted, none fitted: the FLOPs at the
-    matmul rate measured at the model's width, the bytes the other operations stream (``streamed_bytes_per_token``)
+    matmul rate measured at the model's width (a LoRA adapter's at the rate of its thin matmuls at its rank), the bytes the other operations stream (``streamed_bytes_per_token``)
     at the element-wise bandwidth measured at the size of one activation of a micro-batch (a small model's stay in
     the caches), and the fixed cost of every eager operation (``eager_operations``) per micro-batch."""
     micro_tokens = max(1.0, setup.micro_batch * setup.seq_len / setup.sequence_parallel)
     activation = micro_tokens * shape.hidden_size * BYTES[setup.precision]
-    matmuls = flops_per_token(shape, setup) * tokens / (rates.matmul_at(shape.hidden_size) * 1e12)
+    adapter = 6.0 * shape.lora_params(setup.lora_r, setup.lora_targets, experts=False) if setup.lora else 0.0
+    matmuls = ((flops_per_token(shape, setup) - adapter) / (rates.matmul_at(shape.hidden_size) * 1e12)
+               + adapter / (rates.adapter_at(setup.lora_r) * 1e12)) * tokens
     streamed = streamed_bytes_per_token(shape, setup) * tokens / (rates.bandwidth_at(activation) * 1e9)
     operations = eager_operations(shape, setup) * rates.op_seconds * tokens / micro_tokens
     return matmuls + streamed + operations
