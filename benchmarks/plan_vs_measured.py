@@ -184,8 +184,8 @@ def run_workload(name: str, out: str, steps: int, fresh_rates: bool) -> dict:
     from anyfit.hardware.calibration import known_rates, measure_rates, record_rates
     from anyfit.training.loop import train
 
-    out_dir = Path(out)
-    cfg = workload_config(name, out_dir, steps)
+    cfg = workload_config(name, Path(out), steps)
+    out_dir = Path(cfg.train.output_dir)
     load = os.getloadavg()[0]
     kept = known_rates("cpu", "fp32")
     if fresh_rates:  # the rates of the moment, so that other jobs on the cores weigh on plan and run alike
@@ -240,8 +240,9 @@ def run_time_workloads(args) -> int:
         for i in range(args.repeat):
             for name in args.workloads:
                 out = Path(tmp) / f"{name}-{i}"
+                fresh = ["--fresh-rates"] if args.fresh_rates else []
                 proc = subprocess.run([sys.executable, __file__, "--workload", name, "--out", str(out), "--steps",
-                                       str(args.steps), *(["--fresh-rates"] if args.fresh_rates else [])], capture_output=True, text=True)
+                                       str(args.steps), *fresh], capture_output=True, text=True)
                 line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
                 if line is None:
                     print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
