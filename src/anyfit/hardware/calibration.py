@@ -12,6 +12,7 @@ the best measurement seen under the key (``anyfit env --recalibrate`` forgets it
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -72,14 +73,15 @@ class MachineRates:
         return asdict(self)
 
     @staticmethod
-    def from_dict(d: dict) -> "MachineRates":
+    def from_dict(d: dict) -> MachineRates:
         return MachineRates(d["key"], {int(k): float(v) for k, v in d["matmul_tflops"].items()},
                             {int(k): float(v) for k, v in d["stream_gbs"].items()}, float(d["op_seconds"]),
                             {int(k): float(v) for k, v in d["adapter_tflops"].items()}, d.get("measured_at", ""))
 
-    def best_with(self, other: "MachineRates") -> "MachineRates":
+    def best_with(self, other: MachineRates) -> MachineRates:
         """Rate by rate, the better of two measurements of the same machine (the lower cost per operation)."""
-        return MachineRates(self.key, {w: max(v, other.matmul_tflops.get(w, 0.0)) for w, v in self.matmul_tflops.items()},
+        return MachineRates(self.key,
+                            {w: max(v, other.matmul_tflops.get(w, 0.0)) for w, v in self.matmul_tflops.items()},
                             {b: max(v, other.stream_gbs.get(b, 0.0)) for b, v in self.stream_gbs.items()},
                             min(self.op_seconds, other.op_seconds),
                             {r: max(v, other.adapter_tflops.get(r, 0.0)) for r, v in self.adapter_tflops.items()},
@@ -98,7 +100,7 @@ def _interpolate(table: dict[int, float], x: float) -> float:
     points = sorted(table.items())
     if x <= points[0][0]:
         return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+    for (x0, y0), (x1, y1) in itertools.pairwise(points):
         if x <= x1:
             t = (math.log(x) - math.log(x0)) / (math.log(x1) - math.log(x0))
             return y0 + t * (y1 - y0)
@@ -119,7 +121,7 @@ def processor_name() -> str:
 
         try:
             return subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True,
-                                  timeout=2).stdout.strip() or platform.machine()
+                                  timeout=2, check=False).stdout.strip() or platform.machine()
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine()

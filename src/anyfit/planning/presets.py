@@ -323,7 +323,8 @@ def this_machine(measure_cpu: bool = False, dtype: str = "fp32") -> Target:
         tflops = _apple_chip_tflops()
         target = Target("local", "this Mac (MPS)", "mps", total_bytes("mps") / GIB,
                         {"fp32": tflops, "bf16": tflops, "fp16": tflops}, 200.0,
-                        note="this machine; Metal's recommended working set; " + (how or f"~{tflops:g} TFLOP/s assumed"))
+                        note="this machine; Metal's recommended working set; "
+                             + (how or f"~{tflops:g} TFLOP/s assumed"))
         return replace(target, **calibrated)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     available = free_bytes("cpu") / GIB

@@ -13,7 +13,13 @@ from anyfit.hardware.calibration import MachineRates
 from anyfit.model.shape import ModelShape
 from anyfit.planning.memory import offloaded_activation_bytes, trained_parameters
 from anyfit.planning.presets import PCIE4_GBS, Target
-from anyfit.planning.setup import BYTES, CPU_OPTIMIZER_GBS, DDP_BUCKET_BYTES, OPTIMIZER_STREAM_BYTES, Setup
+from anyfit.planning.setup import (
+    BYTES,
+    CPU_OPTIMIZER_GBS,
+    DDP_BUCKET_BYTES,
+    OPTIMIZER_STREAM_BYTES,
+    Setup,
+)
 
 
 def flops_per_token(shape: ModelShape, setup: Setup) -> float:
@@ -111,9 +117,10 @@ def eager_operations(shape: ModelShape, setup: Setup) -> float:
 def measured_compute_seconds(shape: ModelShape, setup: Setup, tokens: float, rates: MachineRates) -> float:
     """Forward and backward seconds of ``tokens`` (per device, ``setup.seq_len`` long, in micro-batches of
     ``setup.micro_batch``) from this machine's measured rates, each term counted, none fitted: the FLOPs at the
-    matmul rate measured at the model's width (a LoRA adapter's at the rate of its thin matmuls at its rank), the bytes the other operations stream (``streamed_bytes_per_token``)
-    at the element-wise bandwidth measured at the size of one activation of a micro-batch (a small model's stay in
-    the caches), and the fixed cost of every eager operation (``eager_operations``) per micro-batch."""
+    matmul rate measured at the model's width (a LoRA adapter's at the rate of its thin matmuls at its rank), the
+    bytes the other operations stream (``streamed_bytes_per_token``) at the element-wise bandwidth measured at the
+    size of one activation of a micro-batch (a small model's stay in the caches), and the fixed cost of every eager
+    operation (``eager_operations``) per micro-batch."""
     micro_tokens = max(1.0, setup.micro_batch * setup.seq_len / setup.sequence_parallel)
     activation = micro_tokens * shape.hidden_size * BYTES[setup.precision]
     adapter = 6.0 * shape.lora_params(setup.lora_r, setup.lora_targets, experts=False) if setup.lora else 0.0

@@ -8,7 +8,13 @@ import pytest
 def test_measuring_is_bounded_leaves_the_seeded_rng_alone_and_gives_every_rate():
     import torch
 
-    from anyfit.hardware.calibration import LORA_RANKS, MATMUL_WIDTHS, STREAM_BYTES, machine_key, measure_rates
+    from anyfit.hardware.calibration import (
+        LORA_RANKS,
+        MATMUL_WIDTHS,
+        STREAM_BYTES,
+        machine_key,
+        measure_rates,
+    )
 
     torch.manual_seed(0)
     expected = torch.rand(4)
@@ -18,8 +24,8 @@ def test_measuring_is_bounded_leaves_the_seeded_rng_alone_and_gives_every_rate()
     assert rates.key == machine_key("cpu", "fp32")
     assert set(rates.matmul_tflops) == set(MATMUL_WIDTHS) and set(rates.stream_gbs) == set(STREAM_BYTES)
     assert set(rates.adapter_tflops) == set(LORA_RANKS)
-    assert all(v > 0 for v in [*rates.matmul_tflops.values(), *rates.stream_gbs.values(), *rates.adapter_tflops.values(),
-                          rates.op_seconds])
+    measured = [*rates.matmul_tflops.values(), *rates.stream_gbs.values(), *rates.adapter_tflops.values()]
+    assert all(v > 0 for v in [*measured, rates.op_seconds])
 
 
 def test_the_key_names_processor_cores_threads_torch_and_dtype(monkeypatch):
@@ -36,7 +42,13 @@ def test_the_key_names_processor_cores_threads_torch_and_dtype(monkeypatch):
 
 def test_the_cache_keeps_the_best_rates_per_key_and_a_refresh_forgets_them(tmp_path, monkeypatch):
     from anyfit.hardware import calibration
-    from anyfit.hardware.calibration import MachineRates, known_rates, machine_key, machine_rates, record_rates
+    from anyfit.hardware.calibration import (
+        MachineRates,
+        known_rates,
+        machine_key,
+        machine_rates,
+        record_rates,
+    )
 
     monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path))
     assert known_rates() is None
@@ -46,7 +58,8 @@ def test_the_cache_keeps_the_best_rates_per_key_and_a_refresh_forgets_them(tmp_p
     record_rates(slow)
     kept = record_rates(fast)
     assert kept.matmul_tflops == {128: 0.02, 1024: 0.1} and kept.stream_gbs == {1 << 20: 80.0}
-    assert kept.op_seconds == 4e-6 and kept.adapter_tflops == {16: 0.02} and known_rates() == kept
+    assert kept.op_seconds == 4e-6 and kept.adapter_tflops == {16: 0.02}
+    assert known_rates() == kept
     assert key in json.loads((tmp_path / calibration.RATES_FILE).read_text())
     monkeypatch.setattr(calibration, "measure_rates", lambda device, dtype: slow)
     assert machine_rates() == kept  # cached: not measured again
@@ -63,7 +76,12 @@ def test_rates_between_measured_sizes_are_log_interpolated(x, expected):
 
 def test_an_older_or_damaged_entry_is_measured_again(tmp_path, monkeypatch):
     from anyfit.hardware import calibration
-    from anyfit.hardware.calibration import MachineRates, known_rates, machine_key, machine_rates
+    from anyfit.hardware.calibration import (
+        MachineRates,
+        known_rates,
+        machine_key,
+        machine_rates,
+    )
 
     monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path))
     (tmp_path / calibration.RATES_FILE).write_text(json.dumps({machine_key("cpu", "fp32"): {"matmul_tflops": 1}}))

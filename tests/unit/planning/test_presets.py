@@ -35,7 +35,8 @@ def test_this_machine_plans_with_its_measured_rates_once_they_are_known(tmp_path
     monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path))
     assumed = this_machine()
     assert assumed.rates is None and assumed.measured == {} and "assumed" in assumed.note  # nothing measured yet
-    rates = record_rates(MachineRates(machine_key("cpu", "fp32"), {128: 0.05, 1024: 0.3}, {1 << 26: 30.0}, 5e-6, {16: 0.01}))
+    rates = record_rates(MachineRates(machine_key("cpu", "fp32"), {128: 0.05, 1024: 0.3}, {1 << 26: 30.0}, 5e-6,
+                                      {16: 0.01}))
     target = this_machine()
     assert target.rates == rates and target.bandwidth_gbs == 30.0 and "measured rates" in target.note
     assert target.tflops("fp32") == 0.3 != CPU_TFLOPS_PER_CORE
