@@ -27,8 +27,8 @@ def cmd_env(args) -> int:
 def rates_line(device: str, dtype: str, refresh: bool) -> str:
     """The measured rates `anyfit plan` and a run's plan use on this CPU or Mac (measured now when asked or when
     none are cached)."""
-    from anyfit.cache import cache_root
-    from anyfit.hardware.calibration import RATES_FILE, known_rates, machine_rates
+    from anyfit.cache import cache_root  # start-up time: kept with the import below
+    from anyfit.hardware.calibration import RATES_FILE, known_rates, machine_rates  # start-up time: torch
 
     fresh = refresh or known_rates(device, dtype) is None
     rates = machine_rates(device, dtype, refresh=refresh)
