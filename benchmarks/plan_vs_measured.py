@@ -1,6 +1,12 @@
 """Check anyfit's memory/time planner against real CPU training runs.
 
     uv run python benchmarks/plan_vs_measured.py [--steps 2] [--markdown benchmarks/PLAN_VS_MEASURED.md]
+    uv run --group bench python benchmarks/plan_vs_measured.py --workloads quickstart cpu-lora cpu-full --repeat 3
+
+``--workloads``: the step time the run itself records as planned (run_info.json's ``planned``, what the run
+report prints as "measured / planned") against the tokens/s it measures, for the quickstart's recipe and the CPU
+workloads of benchmarks/speed_vs_trl.py (SmolLM2-135M-Instruct), each run in a fresh process; the planner's rates
+are this machine's measured ones (``anyfit env`` shows them).
 
 Builds a random-init Qwen2-shaped model (24 layers, 256 wide, Qwen2.5's real 151,665-token tokenizer:
 ~62M parameters) in a temporary folder, then runs ``anyfit.training.loop.train`` for a few optimizer steps per
@@ -13,7 +19,7 @@ What is compared, and why:
   model is checked on the *increase* of the peak RSS over the RSS just before the model is loaded
   (measured by wrapping ``anyfit.backends.base.load_model``, where the run loads it): predicted = the estimate with
   zero runtime overhead. The total is also shown against the planner's fixed CPU overhead constant.
-- step time: the planner's FLOPs / (this CPU's measured matmul throughput x the CPU efficiency) against
+- step time: the planner's step time on this machine's measured rates (``anyfit.hardware.calibration``) against
   the measured tokens/s of the last step (the first one includes warm-up).
 Every sequence is exactly ``--seq`` tokens (long texts cut to data.max_length), so no micro-batch is
 padded; the estimate is made with ``padding=False`` to match (the planner's default assumes padding).
@@ -25,6 +31,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,11 +147,117 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
         "baseline_gib": base / GIB, "measured_peak_gib": peak / GIB,
         "breakdown_gib": {k: v for k, v in est.as_dict().items() if k.endswith("_gib")},
         "flops_per_step": flops_per_token(shape, setup) * tokens_per_step,
-        "optimizer_s": step_seconds(shape, setup, target, seq) - flops_per_token(shape, setup) * tokens_per_step
-        / (target.tflops("fp32") * 1e12 * target.efficiency),
+        "predicted_step_s": step_seconds(shape, setup, target, seq),
         "measured_step_s": measured_step,
         "cpu_tflops_measured": target.measured.get("fp32"), "wall_s": wall, "load_avg": os.getloadavg()[0],
     }
+
+
+TIME_WORKLOADS = ("quickstart", "cpu-lora", "cpu-full")
+WARMUP_STEPS = 2  # the first steps page in code and allocate; not what the plan describes
+
+
+def workload_config(name: str, out: Path, steps: int):
+    """The quickstart's recipe (no scoring), or speed_vs_trl's anyfit run of a CPU workload."""
+    from anyfit.config import load_config
+
+    if name == "quickstart":
+        from anyfit.data.synthetic import train_set, write_jsonl
+        from anyfit.model.gguf_cache import materialize_gguf, smollm2_gguf_path
+        from anyfit.quickstart import quickstart_config
+
+        data = write_jsonl(train_set(2000, seed=0, solution_style="direct"), out / "data" / "train.jsonl")
+        return quickstart_config(materialize_gguf(smollm2_gguf_path()), data, out,
+                                 [f"train.max_steps={steps}", "train.log_every=1"])
+    sys.path.insert(0, str(Path(__file__).parent))
+    import speed_vs_trl
+
+    args = argparse.Namespace(workload=name, examples=None, seed=0, steps=steps, tiny=False)
+    out.mkdir(parents=True, exist_ok=True)
+    wl = speed_vs_trl.prepare_workload(args, out)
+    return load_config(None, speed_vs_trl.anyfit_spec("anyfit", wl, args, out)["overrides"])
+
+
+def run_workload(name: str, out: str, steps: int, fresh_rates: bool) -> dict:
+    """Runs in a fresh process: train, then read what the run planned and what it measured. ``fresh_rates``: the
+    plan uses this machine's rates measured just before the run (the cached best ones are put back after)."""
+    from anyfit.hardware.calibration import known_rates, measure_rates, record_rates
+    from anyfit.training.loop import train
+
+    cfg = workload_config(name, Path(out), steps)
+    out_dir = Path(cfg.train.output_dir)
+    load = os.getloadavg()[0]
+    kept = known_rates("cpu", "fp32")
+    if fresh_rates:  # the rates of the moment, so that other jobs on the cores weigh on plan and run alike
+        record_rates(measure_rates("cpu", "fp32"), keep_best=False)
+    try:
+        train(cfg, echo=lambda *a, **k: None)
+    finally:
+        used = known_rates("cpu", "fp32")
+        if fresh_rates and kept is not None:
+            record_rates(kept, keep_best=False)
+    planned = json.loads((out_dir / "run_info.json").read_text())["planned"]
+    metrics = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps_ = [m for m in metrics if m.get("tokens_per_s") and m["step"] > WARMUP_STEPS]
+    seconds = [m["real_tokens"] / m["tokens_per_s"] for m in steps_]
+    rates = used
+    return {"workload": name, "planned": planned, "mean_tokens_per_s": sum(m["real_tokens"] for m in steps_)
+            / sum(seconds), "measured_tokens_per_s": statistics.median(m["tokens_per_s"] for m in steps_),
+            "step_tokens_per_s": [m["tokens_per_s"] for m in steps_],
+            "load_avg": [load, os.getloadavg()[0]], "rates": rates.summary() if rates else None}
+
+
+def time_markdown(rows: list[dict], command: str) -> str:
+    lines = [f"Command: `{command}`", "", f"Machine: {machine_line()}", "",
+             "Rates the plans used: " + ("measured just before each run (`--fresh-rates`)" if len({r['rates'] for r in
+                                                                                      rows}) > 1 else rows[0]["rates"]),
+             "",
+             "Measured: the median over the steps after the first two of the tokens/s each step logged (a step "
+             "another job slowed on the shared cores moves it less than the mean); the mean and the range beside it.",
+             "", "| workload | run | planned tokens/s | measured tokens/s | measured / planned | mean tokens/s | "
+             "step tokens/s min-max | load avg start-end |", "|---|---|---|---|---|---|---|---|"]
+    for i, r in enumerate(rows):
+        planned = r["planned"].get("tokens_per_s")
+        ratio = r["measured_tokens_per_s"] / planned if planned else float("nan")
+        lines.append(f"| {r['workload']} | {i} | {planned} | {r['measured_tokens_per_s']:.1f} | {ratio:.2f} | "
+                     f"{r['mean_tokens_per_s']:.1f} | "
+                     f"{min(r['step_tokens_per_s']):.0f}-{max(r['step_tokens_per_s']):.0f} | "
+                     f"{r['load_avg'][0]:.1f}-{r['load_avg'][1]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def machine_line() -> str:
+    import torch
+    from anyfit.hardware.calibration import processor_name
+
+    return (f"{platform.platform()}, {processor_name()}, {len(os.sched_getaffinity(0))} cores shared with other "
+            f"jobs, Python {platform.python_version()}, torch {torch.__version__}")
+
+
+def run_time_workloads(args) -> int:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.repeat):
+            for name in args.workloads:
+                out = Path(tmp) / f"{name}-{i}"
+                fresh = ["--fresh-rates"] if args.fresh_rates else []
+                proc = subprocess.run([sys.executable, __file__, "--workload", name, "--out", str(out), "--steps",
+                                       str(args.steps), *fresh], capture_output=True, text=True)
+                line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if line is None:
+                    print(proc.stdout[-2000:], proc.stderr[-4000:], file=sys.stderr)
+                    return 1
+                rows.append(json.loads(line[7:]))
+                r = rows[-1]
+                print(f"{name}: planned {r['planned'].get('tokens_per_s')} tokens/s, measured "
+                      f"{r['measured_tokens_per_s']:.1f} (load {r['load_avg']})", flush=True)
+    text = time_markdown(rows, "uv run --group bench python benchmarks/plan_vs_measured.py " + " ".join(sys.argv[1:]))
+    print("\n" + text)
+    if args.save_json:
+        Path(args.save_json).write_text(json.dumps(rows, indent=1))
+    if args.markdown:
+        Path(args.markdown).write_text(text)
+    return 0
 
 
 PAIRS = [  # (what the difference measures, case a, case b): compared as a - b
@@ -157,9 +270,12 @@ PAIRS = [  # (what the difference measures, case a, case b): compared as a - b
 
 
 def predicted_step(r: dict) -> float:
-    """The planner's step time: FLOPs / (measured matmul throughput x the CPU efficiency) + the AdamW update."""
+    """The planner's step time as the run computed it (``step_seconds`` on this machine's measured rates); a JSON
+    saved before 2026-11-28: FLOPs / (measured matmul throughput x the CPU efficiency) + the AdamW update."""
     from anyfit.planning.presets import DEFAULT_MFU
 
+    if "predicted_step_s" in r:
+        return r["predicted_step_s"]
     return r["flops_per_step"] / (r["cpu_tflops_measured"] * 1e12 * DEFAULT_MFU["cpu"]) + r["optimizer_s"]
 
 
@@ -228,8 +344,9 @@ def markdown(rows: list[dict], command: str, seq: int, steps: int, settings: str
     from anyfit.planning.presets import DEFAULT_MFU
 
     lines += ["", "## Time per optimizer step", "",
-              "Predicted = FLOPs / (fp32 matmul TFLOP/s measured in the same process just before training x "
-              f"`DEFAULT_MFU['cpu']` = {DEFAULT_MFU['cpu']}) + the AdamW update at the assumed CPU bandwidth; "
+              "Predicted = `step_seconds` on this machine's measured rates (JSON saved before 2026-11-28: FLOPs / "
+              "(fp32 matmul TFLOP/s measured in the same process just before training x "
+              f"`DEFAULT_MFU['cpu']` = {DEFAULT_MFU['cpu']}) + the AdamW update at the assumed CPU bandwidth); "
               "measured = the last step's tokens / its tokens_per_s. The calibrate case (16 tokens per step) is "
               "all per-step overhead and is left out.", "",
               "| case | load avg | matmul TFLOP/s | predicted s | measured s | error |", "|---|---|---|---|---|---|"]
@@ -255,10 +372,23 @@ def main() -> int:
     parser.add_argument("--save-json", help="Also write the raw measurements (one object per case) to this file.")
     parser.add_argument("--render", metavar="JSON", help="Only render the tables of a --save-json file with the "
                         "planner's current constants (the predictions themselves were made by the run).")
+    parser.add_argument("--workloads", nargs="+", choices=TIME_WORKLOADS,
+                        help="Compare the run's planned tokens/s with its measured ones on these workloads instead.")
+    parser.add_argument("--repeat", type=int, default=1, help="With --workloads: rounds over the workloads.")
+    parser.add_argument("--fresh-rates", action="store_true",
+                        help="With --workloads: plan each run on rates measured just before it (a shared machine's "
+                             "load then weighs on both) instead of the cached best ones.")
+    parser.add_argument("--workload", help=argparse.SUPPRESS)  # internal: run one workload in this process
+    parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)  # internal: run one case in this process
     parser.add_argument("--assets", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
+    if args.workload:
+        print("RESULT " + json.dumps(run_workload(args.workload, args.out, args.steps, args.fresh_rates)))
+        return 0
+    if args.workloads:
+        return run_time_workloads(args)
     if args.case:
         model_dir, data, out = args.assets
         print("RESULT " + json.dumps(run_case(args.case, model_dir, data, out, args.seq, args.steps)))

@@ -68,6 +68,25 @@ if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 and "PYTEST_XDIST_W
     torch.set_num_threads(max(1, _cores() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 
+# The rates the planner uses on this CPU (anyfit.hardware.calibration), fixed for the test session: a training run
+# records what the plan says of it, and a plan from a timing taken now would change with the machine and its load.
+TEST_RATES = {"matmul_tflops": {128: 0.05, 1024: 0.2}, "stream_gbs": {1 << 20: 100.0, 1 << 26: 20.0},
+              "op_seconds": 5e-6, "adapter_tflops": {16: 0.02}}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fixed_machine_rates():
+    import torch
+
+    from anyfit.hardware.calibration import MachineRates, machine_key, record_rates
+
+    threads = torch.get_num_threads()
+    for n in {1, threads}:  # the training processes tests start with one thread, and this one's count
+        torch.set_num_threads(n)
+        record_rates(MachineRates(machine_key("cpu", "fp32"), **TEST_RATES), keep_best=False)
+    torch.set_num_threads(threads)
+
+
 def _save_tiny(*args, **kwargs) -> Path:
     from tiny_runs import save_tiny
 

@@ -7,6 +7,22 @@ def test_env_prints_versions_memory_and_policy(capsys):
     assert main(["env"]) == 0
     out = capsys.readouterr().out
     assert "torch:" in out and "host memory" in out and "device=cpu precision=fp32" in out
+    assert "planner rates (cpu|fp32|" in out and "best kept; --recalibrate measures again" in out  # the cached ones
+
+
+def test_env_recalibrate_measures_the_rates_again(capsys, monkeypatch):
+    from anyfit.hardware import calibration
+    from anyfit.hardware.calibration import MachineRates, known_rates, machine_key
+
+    before = known_rates()
+    measured = MachineRates(machine_key("cpu", "fp32"), {1024: 0.123}, {1 << 26: 9.0}, 7e-6, {16: 0.01})
+    monkeypatch.setattr(calibration, "measure_rates", lambda device, dtype: measured)
+    try:
+        assert main(["env", "--recalibrate"]) == 0
+        assert "measured now" in capsys.readouterr().out
+        assert known_rates() == measured  # the new measurement alone, not the best of it and the old
+    finally:
+        calibration.record_rates(before, keep_best=False)
 
 
 def test_render_shows_what_is_trained(tiny_llama_dir, tmp_path, capsys):

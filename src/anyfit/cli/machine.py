@@ -17,8 +17,23 @@ def cmd_env(args) -> int:
     for line in memory_summary():
         print(line)
     cfg = load(args).runtime if (args.config or args.overrides) else RuntimeConfig()
-    print("runtime policy: " + resolve_runtime(cfg).describe())
+    policy = resolve_runtime(cfg)
+    print("runtime policy: " + policy.describe())
+    if policy.device in ("cpu", "mps"):
+        print(rates_line(policy.device, policy.precision, args.recalibrate))
     return 0
+
+
+def rates_line(device: str, dtype: str, refresh: bool) -> str:
+    """The measured rates `anyfit plan` and a run's plan use on this CPU or Mac (measured now when asked or when
+    none are cached)."""
+    from anyfit.cache import cache_root  # start-up time: kept with the import below
+    from anyfit.hardware.calibration import RATES_FILE, known_rates, machine_rates  # start-up time: torch
+
+    fresh = refresh or known_rates(device, dtype) is None
+    rates = machine_rates(device, dtype, refresh=refresh)
+    when = "measured now" if fresh else f"measured {rates.measured_at}, best kept; --recalibrate measures again"
+    return f"planner rates ({rates.key}; {when}; {cache_root() / RATES_FILE}): {rates.summary()}"
 
 
 def cmd_plan(args) -> int:
@@ -81,8 +96,12 @@ def image_budget(cfg):
 
 
 def register(sub) -> None:
-    p = sub.add_parser("env", help="Print versions, memory and the runtime policy this machine gets.")
+    p = sub.add_parser("env", help="Print versions, memory, the runtime policy this machine gets and, on a CPU or Mac, "
+                                    "the measured rates the planner uses.")
     config_args(p)
+    p.add_argument("--recalibrate", action="store_true",
+                   help="Forget this machine's cached matmul/bandwidth/per-operation rates and measure them again "
+                        "(a few seconds; best on an otherwise idle machine).")
     p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("plan", help="Estimate memory and time of a config on this machine and common GPUs/Macs, "

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 from anyfit.cache import cache_root
 from anyfit.config import ConfigError
+from anyfit.hardware.calibration import MachineRates, known_rates, machine_rates
 from anyfit.hardware.memory import free_bytes, total_bytes
 from anyfit.hardware.runtime import Hardware
 from anyfit.units import GIB
@@ -44,10 +45,9 @@ from anyfit.units import GIB
 
 # Utilisation of the datasheet peak that a plain PyTorch SFT step reaches, where the time model has one term
 # (CUDA has two, with MATMUL_SHARE below; its entry here is for a target given an explicit ``mfu``). Apple's MPS
-# backend lands lower than CUDA. The CPU figure is relative to a fp32
-# matmul throughput *measured* on the machine (or CPU_TFLOPS_PER_CORE), so it stands for the non-matmul
-# work (norms, softmax over the vocabulary, SiLU, dropout, AdamW, fresh pages; the range measured:
-# benchmarks/PLAN_VS_MEASURED.md, 'Summary').
+# backend lands lower than CUDA. CPU and MPS use it only before this machine's rates are measured (the time
+# model then has measured terms: ``anyfit.planning.time.measured_compute_seconds``); the CPU figure is relative to
+# CPU_TFLOPS_PER_CORE and stands for the non-matmul work (benchmarks/PLAN_VS_MEASURED.md, 'Summary').
 DEFAULT_MFU = {"cuda": 0.35, "mps": 0.25, "cpu": 0.35}
 
 # CUDA: the share of the datasheet dense peak an SFT step's matmuls reach, by architecture; the operations between
@@ -106,6 +106,7 @@ class Target:
     host_link_gbs: float = PCIE4_GBS  # device <-> host GB/s per direction (what CPU offload streams over)
     host_memory_gib: float | None = None  # host RAM of the machine (all processes share it); None: unknown
     price_per_hour: float | None = None  # USD per hour for the whole target (all devices); None: no price
+    rates: MachineRates | None = None  # this machine's measured rates (CPU, MPS): the time model's measured branch
 
     @property
     def efficiency(self) -> float:
@@ -218,11 +219,6 @@ def cuda_interconnect(name: str) -> float:
     return PCIE4_GBS
 
 
-def measure_cpu_tflops() -> float:
-    """fp32 matmul throughput of this process's CPU threads (``best_matmul_tflops``)."""
-    return best_matmul_tflops("cpu")
-
-
 def best_matmul_tflops(device: str = "cpu", dtype: str = "fp32") -> float:
     """This machine's dense matmul peak on ``device`` in ``dtype``: the best of a measurement now and every earlier
     one, kept in the cache (``machine_peaks.json``, per processor, thread count and torch). A timing taken while
@@ -242,12 +238,6 @@ def best_matmul_tflops(device: str = "cpu", dtype: str = "fp32") -> float:
         except OSError:  # a read-only cache: the measurement still stands for this run
             pass
     return best
-
-
-def known_matmul_tflops(device: str = "cpu", dtype: str = "fp32") -> float | None:
-    """The best matmul rate measured on this machine so far (``best_matmul_tflops``), without measuring; None
-    before the first measurement."""
-    return _known_peaks().get(_peak_key(device, dtype))
 
 
 _PEAKS_FILE = "machine_peaks.json"
@@ -305,10 +295,13 @@ def _apple_chip_tflops() -> float:
     return 4.0
 
 
-def this_machine(measure_cpu: bool = False) -> Target:
+def this_machine(measure_cpu: bool = False, dtype: str = "fp32") -> Target:
     """The machine this runs on: the device the runtime policy would pick, with its memory.
 
-    CPU: the memory now *available* (other processes count), throughput measured when ``measure_cpu``.
+    CPU and MPS: this machine's measured rates in ``dtype`` (``anyfit.hardware.calibration``: matmul, element-wise
+    bandwidth, per-operation cost), the cached ones, or measured now (once per machine) when ``measure_cpu``;
+    without either, the assumed per-core (CPU) or per-chip (MPS) throughput at an MFU. CPU memory: what is now
+    *available* (other processes count).
     """
     hw = Hardware.detect()
     if hw.cuda:
@@ -320,19 +313,25 @@ def this_machine(measure_cpu: bool = False) -> Target:
                       cuda_capability=hw.cuda_capability, note=("this machine; " + note).rstrip("; "),
                       interconnect_gbs=cuda_interconnect(hw.cuda_name),
                       host_memory_gib=round(psutil.virtual_memory().total / GIB, 1))
+    device = "mps" if hw.mps else "cpu"
+    rates = machine_rates(device, dtype) if measure_cpu else known_rates(device, dtype)
+    calibrated = {} if rates is None else {"measured": {dtype: rates.matmul_at(1024)}, "rates": rates,
+                                           "bandwidth_gbs": rates.dram_gbs}
+    how = (f"measured rates ({dtype}; `anyfit env` shows them, `anyfit env --recalibrate` measures again)"
+           if rates else "")
     if hw.mps:
         tflops = _apple_chip_tflops()
-        return Target("local", "this Mac (MPS)", "mps", total_bytes("mps") / GIB,
-                      {"fp32": tflops, "bf16": tflops, "fp16": tflops}, 200.0,
-                      note="this machine; Metal's recommended working set")
+        target = Target("local", "this Mac (MPS)", "mps", total_bytes("mps") / GIB,
+                        {"fp32": tflops, "bf16": tflops, "fp16": tflops}, 200.0,
+                        note="this machine; Metal's recommended working set; "
+                             + (how or f"~{tflops:g} TFLOP/s assumed"))
+        return replace(target, **calibrated)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    known = None if measure_cpu else known_matmul_tflops("cpu")
-    measured = {"fp32": measure_cpu_tflops() if measure_cpu else known} if measure_cpu or known else {}
     available = free_bytes("cpu") / GIB
-    return Target("local", f"this CPU ({cores} cores)", "cpu", round(available, 1),
-                  {"fp32": CPU_TFLOPS_PER_CORE * cores}, 20.0, measured=measured,
-                  note="this machine: available RAM; " + ("matmul throughput measured" if measured else
-                                                          f"~{CPU_TFLOPS_PER_CORE} TFLOP/s per core assumed"))
+    target = Target("local", f"this CPU ({cores} cores)", "cpu", round(available, 1),
+                    {"fp32": CPU_TFLOPS_PER_CORE * cores}, 20.0,
+                    note="this machine: available RAM; " + (how or f"~{CPU_TFLOPS_PER_CORE} TFLOP/s per core assumed"))
+    return replace(target, **calibrated)
 
 
 def custom_target(device: str, memory_gb: float, gpus: int = 1) -> Target:

@@ -155,7 +155,9 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
     shares = ", ".join(f"{k} {v:.0%}" for k, v in MATMUL_SHARE.items())
     lines.append("Estimates: see anyfit.planning's docstrings; held against CPU runs and published GPU runs in "
                  "benchmarks/PLAN_VS_MEASURED.md. Time on CUDA = matmul FLOPs / (peak x matmul share: "
-                 f"{shares}) + the bytes the other operations stream / memory bandwidth; on Macs and CPUs = FLOPs / "
-                 "(peak x MFU: " + ", ".join(f"{d} {v:.0%}" for d, v in DEFAULT_MFU.items() if d != "cuda")
+                 f"{shares}) + the bytes the other operations stream / memory bandwidth; on this CPU or Mac the same "
+                 "at its measured matmul rate and bandwidth + its measured cost per eager operation (`anyfit env`); "
+                 "on other Macs and CPUs = FLOPs / (peak x MFU: "
+                 + ", ".join(f"{d} {v:.0%}" for d, v in DEFAULT_MFU.items() if d != "cuda")
                  + "); + the optimizer update + communication compute cannot hide.")
     return "\n".join(lines)

@@ -1,17 +1,25 @@
 """Time of one training step on a target machine: the compute (on CUDA: the matmul FLOPs at the share of the
-peak matmuls reach, plus the bytes the non-matmul operations stream through memory; elsewhere: FLOPs over the
-peak times a model-FLOPs utilisation), the bandwidth-bound optimizer update, and the communication compute cannot
-hide."""
+peak matmuls reach, plus the bytes the non-matmul operations stream through memory; on a CPU or Mac whose rates
+were measured (``anyfit.hardware.calibration``): the same two terms at the measured matmul rate and element-wise
+bandwidth, plus the fixed cost of each eager operation; elsewhere: FLOPs over the peak times a model-FLOPs
+utilisation), the bandwidth-bound optimizer update, and the communication compute cannot hide."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
+from anyfit.hardware.calibration import MachineRates
 from anyfit.model.shape import ModelShape
 from anyfit.planning.memory import offloaded_activation_bytes, trained_parameters
 from anyfit.planning.presets import PCIE4_GBS, Target
-from anyfit.planning.setup import BYTES, CPU_OPTIMIZER_GBS, DDP_BUCKET_BYTES, OPTIMIZER_STREAM_BYTES, Setup
+from anyfit.planning.setup import (
+    BYTES,
+    CPU_OPTIMIZER_GBS,
+    DDP_BUCKET_BYTES,
+    OPTIMIZER_STREAM_BYTES,
+    Setup,
+)
 
 
 def flops_per_token(shape: ModelShape, setup: Setup) -> float:
@@ -84,6 +92,43 @@ def streamed_bytes_per_token(shape: ModelShape, setup: Setup) -> float:
         casts = (shape.matmul_params * (setup.weight_bytes + a) * (1 + recomputed)
                  / max(1, setup.micro_batch * setup.seq_len))
     return body + output + casts
+
+
+# Eager autograd operations per decoder layer in one forward (counted from transformers' Llama modeling code: two
+# RMSNorms of 8 operations each, q/k/v with their views and transposes, rotary embedding of q and k (7 each), SDPA,
+# the output's transpose/reshape and projection, two residual adds, the gated MLP's 5), each with its backward; a
+# LoRA target adds its dropout, A, B, scaling and add. The output adds the head, the loss and their bookkeeping.
+LAYER_OPS = 50
+LORA_OPS = 5
+OUTPUT_OPS = 20
+
+
+def eager_operations(shape: ModelShape, setup: Setup) -> float:
+    """Eager autograd operations (each a forward and its backward) in one micro-batch: what a tiny model's step
+    time is made of, whatever its FLOPs. Checkpointed layers run their forward again."""
+    layers = max(1, shape.num_layers)
+    per_layer = LAYER_OPS
+    if setup.lora:
+        per_layer += LORA_OPS * sum(p.count for p in shape.projections
+                                    if p.name in set(shape.lora_targets(setup.lora_targets))) / layers
+    return layers * per_layer * (1 + setup.checkpointed_layers(layers) / layers / 2) + OUTPUT_OPS
+
+
+def measured_compute_seconds(shape: ModelShape, setup: Setup, tokens: float, rates: MachineRates) -> float:
+    """Forward and backward seconds of ``tokens`` (per device, ``setup.seq_len`` long, in micro-batches of
+    ``setup.micro_batch``) from this machine's measured rates, each term counted, none fitted: the FLOPs at the
+    matmul rate measured at the model's width (a LoRA adapter's at the rate of its thin matmuls at its rank), the
+    bytes the other operations stream (``streamed_bytes_per_token``) at the element-wise bandwidth measured at the
+    size of one activation of a micro-batch (a small model's stay in the caches), and the fixed cost of every eager
+    operation (``eager_operations``) per micro-batch."""
+    micro_tokens = max(1.0, setup.micro_batch * setup.seq_len / setup.sequence_parallel)
+    activation = micro_tokens * shape.hidden_size * BYTES[setup.precision]
+    adapter = 6.0 * shape.lora_params(setup.lora_r, setup.lora_targets, experts=False) if setup.lora else 0.0
+    matmuls = ((flops_per_token(shape, setup) - adapter) / (rates.matmul_at(shape.hidden_size) * 1e12)
+               + adapter / (rates.adapter_at(setup.lora_r) * 1e12)) * tokens
+    streamed = streamed_bytes_per_token(shape, setup) * tokens / (rates.bandwidth_at(activation) * 1e9)
+    operations = eager_operations(shape, setup) * rates.op_seconds * tokens / micro_tokens
+    return matmuls + streamed + operations
 
 
 @dataclass(frozen=True)
@@ -182,12 +227,14 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     Compute on a target with a calibrated ``matmul_share`` (CUDA): FLOPs / (peak x matmul_share) + the streamed
     bytes (``streamed_bytes_per_token``) / memory bandwidth, so a small hidden size or a large vocabulary costs
     what its memory traffic costs; elsewhere FLOPs / (peak x MFU), the CPU's MFU measured against its own runs
-    (benchmarks/PLAN_VS_MEASURED.md)."""
+    (benchmarks/PLAN_VS_MEASURED.md). A CPU or Mac with measured rates: ``measured_compute_seconds``."""
     tokens = setup.micro_batch * setup.accumulation * tokens_per_sequence / setup.sequence_parallel  # per device
     seq_setup = dataclasses.replace(setup, seq_len=max(1, round(tokens_per_sequence)))
     flops = flops_per_token(shape, seq_setup) * tokens
     peak = target.tflops(setup.precision) * 1e12
-    if target.matmul_share is not None:
+    if target.rates is not None and target.mfu is None:
+        compute = measured_compute_seconds(shape, seq_setup, tokens, target.rates)
+    elif target.matmul_share is not None:
         compute = (flops / (peak * target.matmul_share)
                    + streamed_bytes_per_token(shape, seq_setup) * tokens / (target.bandwidth_gbs * 1e9))
     else:

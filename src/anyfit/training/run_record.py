@@ -82,7 +82,8 @@ def planned_run(cfg: Config, policy, plan, model_config, sharded: bool, report, 
     try:
         shape = shape_from_config(model_config)
         setup = run_setup(cfg, policy, plan.micro_batch, processes, sharded, report.max_length or cfg.data.max_length)
-        target, mean = this_machine(), report.mean_length or cfg.data.max_length
+        target = this_machine(measure_cpu=True, dtype=policy.precision)  # measured once per machine, then cached
+        mean = report.mean_length or cfg.data.max_length
         seconds = step_time(shape, setup, target, mean).total
         model_setup = dataclasses.replace(setup, seq_len=max(1, round(mean)), gradient_checkpointing=False,
                                           tiled_mlp=False, fused_loss=False)

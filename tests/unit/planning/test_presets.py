@@ -28,12 +28,15 @@ def test_the_matmul_peak_is_the_best_seen_on_this_machine(tmp_path, monkeypatch)
     assert best_matmul_tflops("cpu") == first * 1000  # an earlier, better measurement stands
 
 
-def test_this_machine_plans_with_the_measured_rate_once_one_is_known(tmp_path, monkeypatch):
-    from anyfit.planning.presets import CPU_TFLOPS_PER_CORE, best_matmul_tflops, known_matmul_tflops, this_machine
+def test_this_machine_plans_with_its_measured_rates_once_they_are_known(tmp_path, monkeypatch):
+    from anyfit.hardware.calibration import MachineRates, machine_key, record_rates
+    from anyfit.planning.presets import CPU_TFLOPS_PER_CORE, this_machine
 
     monkeypatch.setenv("ANYFIT_CACHE", str(tmp_path))
-    assert known_matmul_tflops("cpu") is None and this_machine().measured == {}  # the per-core assumption
-    best = best_matmul_tflops("cpu")
+    assumed = this_machine()
+    assert assumed.rates is None and assumed.measured == {} and "assumed" in assumed.note  # nothing measured yet
+    rates = record_rates(MachineRates(machine_key("cpu", "fp32"), {128: 0.05, 1024: 0.3}, {1 << 26: 30.0}, 5e-6,
+                                      {16: 0.01}))
     target = this_machine()
-    assert target.measured == {"fp32": best} and "measured" in target.note
-    assert target.tflops("fp32") == best != CPU_TFLOPS_PER_CORE
+    assert target.rates == rates and target.bandwidth_gbs == 30.0 and "measured rates" in target.note
+    assert target.tflops("fp32") == 0.3 != CPU_TFLOPS_PER_CORE

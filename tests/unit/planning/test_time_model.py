@@ -127,3 +127,55 @@ def test_the_ladder_adds_activation_offload_where_checkpointing_alone_does_not_f
     alone = estimate_memory(shape, setup_for(cfg, method="lora", device="cuda", precision="bf16", micro_batch=1,
                                              overrides={"model.gradient_checkpointing": True}))
     assert alone.peak > p.budget_bytes >= p.memory.peak
+
+
+def _measured_cpu(rates):
+    return dataclasses.replace(PRESETS["m-128"], key="local", name="this CPU", device="cpu", rates=rates,
+                               bandwidth_gbs=rates.dram_gbs)
+
+
+def test_a_machine_with_measured_rates_is_timed_from_them_term_by_term():
+    """Matmul FLOPs at the rate measured at the model's width, streamed bytes at the bandwidth measured at one
+    micro-batch activation's size, and the measured cost of each eager operation: doubling one rate halves its
+    term only."""
+    from anyfit.hardware.calibration import MachineRates
+    from anyfit.planning.time import eager_operations
+
+    shape = llama(576, 1536, 30, 9, vocab=49152)
+    s = setup(device="cpu", precision="fp32", micro_batch=8, seq_len=128)
+    tokens = s.micro_batch * s.seq_len
+    rates = MachineRates("k", {512: 0.2, 1024: 0.2}, {1 << 20: 100.0, 1 << 26: 20.0}, 5e-6, {16: 0.01})
+    t = step_time(shape, s, _measured_cpu(rates), s.seq_len)
+    activation = tokens * 576 * 4  # 2.25 MiB: between the two measured sizes
+    matmul = flops_per_token(shape, s) * tokens / 0.2e12  # full fine-tuning: no adapter
+    streamed = streamed_bytes_per_token(shape, s) * tokens / (rates.bandwidth_at(activation) * 1e9)
+    ops = eager_operations(shape, s) * 5e-6
+    assert 20 < rates.bandwidth_at(activation) < 100
+    assert t.compute == pytest.approx(matmul + streamed + ops)
+    faster = MachineRates("k", {512: 0.4, 1024: 0.4}, rates.stream_gbs, 5e-6, {16: 0.01})
+    assert step_time(shape, s, _measured_cpu(faster), s.seq_len).compute == pytest.approx(matmul / 2 + streamed + ops)
+    # the optimizer streams from main memory: the bandwidth of the largest measured operand (the target's)
+    doubled = dataclasses.replace(_measured_cpu(rates), bandwidth_gbs=2 * rates.dram_gbs)
+    assert step_time(shape, s, doubled, s.seq_len).optimizer == pytest.approx(t.optimizer / 2)
+
+
+def test_eager_operations_count_lora_targets_and_recomputed_forwards():
+    from anyfit.planning.time import LAYER_OPS, LORA_OPS, OUTPUT_OPS, eager_operations
+
+    shape = llama(256, 1024, 4, 4)
+    assert eager_operations(shape, setup()) == 4 * LAYER_OPS + OUTPUT_OPS
+    lora = setup(method="lora", lora_targets="all-linear")
+    assert eager_operations(shape, lora) == 4 * (LAYER_OPS + 7 * LORA_OPS) + OUTPUT_OPS
+    assert eager_operations(shape, setup(gradient_checkpointing=True)) == 4 * LAYER_OPS * 1.5 + OUTPUT_OPS
+
+
+def test_a_lora_adapters_flops_run_at_the_measured_rate_of_thin_matmuls():
+    from anyfit.hardware.calibration import MachineRates
+
+    shape = llama(576, 1536, 30, 9, vocab=49152)
+    s = setup(device="cpu", precision="fp32", method="lora", lora_r=16, lora_targets="all-linear")
+    slow, fast = (MachineRates("k", {1024: 0.2}, {1: 50.0}, 0.0, {16: rate}) for rate in (0.01, 0.02))
+    adapter = 6.0 * shape.lora_params(16, "all-linear", experts=False) * s.micro_batch * s.seq_len
+    gap = step_time(shape, s, _measured_cpu(slow), s.seq_len).compute - \
+        step_time(shape, s, _measured_cpu(fast), s.seq_len).compute
+    assert gap == pytest.approx(adapter / 0.01e12 - adapter / 0.02e12)
