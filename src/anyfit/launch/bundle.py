@@ -19,12 +19,16 @@ import json
 import shlex
 import shutil
 import subprocess
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import anyfit
 from anyfit.config import Config, ConfigError
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: tomli, the package tomllib came from (a dependency there)
+    import tomli as tomllib
 from anyfit.config.schema import TRACKERS
 
 # The config keys that may name a local file or folder (data.mix entries and their templates too).
