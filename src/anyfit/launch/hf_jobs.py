@@ -8,6 +8,7 @@ A refusal of the Hub (no token, no credit, a flavor the account cannot use) is t
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -117,13 +118,20 @@ class HfJobs:
 
     def submit(self, run: str, command: list[str], repo: str, flavor: str, secrets: dict[str, str], timeout: str,
                retries: int):
-        from huggingface_hub import Volume  # start-up time: only when launching
+        import huggingface_hub  # start-up time: only when launching
 
+        api = self.api()
+        # Restarts after a failure are the provider's (attempts), in huggingface_hub releases that have them.
+        attempts = {"attempts": retries + 1} if "attempts" in inspect.signature(api.run_job).parameters else {}
+        if retries and not attempts:
+            raise ConfigError(f"--retries needs a huggingface_hub whose run_job restarts a job (this one is "
+                              f"{huggingface_hub.__version__}): upgrade it, or launch without --retries and resume "
+                              "with anyfit launch --resume RUN.")
         try:
-            return self.api().run_job(
+            return api.run_job(
                 image=IMAGE, command=command, env={"ANYFIT_WORK": WORK}, secrets=secrets,
-                flavor=flavor, timeout=timeout, attempts=retries + 1, labels={"anyfit-run": run},
-                volumes=[Volume(type="dataset", source=repo, mount_path=MOUNT)], namespace=self.owner())
+                flavor=flavor, timeout=timeout, labels={"anyfit-run": run}, namespace=self.owner(),
+                volumes=[huggingface_hub.Volume(type="dataset", source=repo, mount_path=MOUNT)], **attempts)
         except Exception as e:
             raise hub_fault(e, f"starting the job on {flavor}", flavor) from None
 
