@@ -3,7 +3,8 @@
 The kit drives anyfit through its command line (``python -m anyfit train|plan|export``) and its run folder; these
 names are for the checks that need to reach inside a run: forcing a non-finite step to see fused AdamW skip it on
 the device, comparing ``anyfit_varlen`` attention with padded attention on one batch, forcing out-of-memory errors
-for ``micro_batch: auto``'s back-off, and validating the kit's overrides.
+for ``micro_batch: auto``'s back-off, validating the kit's overrides, and (part 6) a hybrid's state layers
+run on packed rows one way or the other, with the packing self-test's verdict.
 
 When anyfit's modules move (issue 18), only the imports below change. Importing this module fails loudly if one of
 them breaks; ``run_all.sh --dry-run`` imports it first.

@@ -13,7 +13,9 @@ Cells, in ``ORDER`` (each in its own process; sizes in ``SIZES``, the dry run's 
   (packed, the row's boundaries handed to fla's kernels as ``cu_seq_lens``). Real tokens/s of each (median over the
   timed batches) and each packed way's largest relative loss difference from padded. Also the packing self-test's
   verdict on the same model (which way a run would take). Fails where ``per_example`` differs from padded beyond
-  bf16's round-off, or where the self-test picks ``kernels`` and they differ.
+  bf16's round-off, or where the self-test picks ``kernels`` and they differ. Expected on the GPU: ``kernels``
+  differs, since Qwen3.5's short convolution takes the boundaries only through the causal-conv1d extension (not
+  bundled) and transformers' PyTorch fallback convolves across them; the self-test then keeps ``per_example``.
 - ``expert-lora`` (command line): LoRA r=16 on a random-init Qwen3-MoE (6 layers, 64 experts of 1024x512, top 8;
   2.25 GiB of fp32 experts) on 1024-token rows, batch 8: ``frozen`` (lora.experts=false), ``peft``
   (lora.split_experts=false: PEFT forms W + BA per expert each forward) and ``split`` (the default: x·W + s·(x·A)·B).
