@@ -292,9 +292,10 @@ def _token_ids(family: str, tok) -> dict:
                            eoi_token_id=ids("<|image_end|>"))}[family]
 
 
-def save_vlm(out: Path, family: str) -> Path:
+def save_vlm(out: Path, family: str, text_config: dict | None = None) -> Path:
     """A 2-layer, 32-wide random-init ``family`` vision-language model with its processor (image processor,
-    tokenizer, chat template) saved in ``out``, as a hub checkpoint of it is."""
+    tokenizer, chat template) saved in ``out``, as a hub checkpoint of it is; ``text_config``: language-model config keys
+    that replace the tiny ones (a wider model for the GPU kit's part 6; the vision tower stays tiny)."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoTokenizer
 
@@ -310,6 +311,7 @@ def save_vlm(out: Path, family: str) -> Path:
                 num_key_value_heads=2, head_dim=8, max_position_embeddings=512, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, initializer_range=0.3,
                 **parts.pop("text"))
+    text.update(text_config or {})
     if "hidden_size_per_layer_input" in text:  # Gemma-4's per-layer input embeddings, one row per token
         text["vocab_size_per_layer_input"] = len(tok)
     config = AutoConfig.for_model(family, text_config=text, **parts, **_token_ids(family, tok))

@@ -74,6 +74,34 @@ def save_model(dest: Path, shape: str, tokenizer_dir: Path, seed: int = 0) -> Pa
     return dest
 
 
+def cut_tokenizer_dir(dest: Path) -> Path:
+    """Qwen2.5's tokenizer cut to its first 1,000 tokens (tests/vlm_fixtures.cut_tokenizer): a small vocabulary, so
+    that the loss's logits do not hide the decoder body of a model sized to measure it (part 6)."""
+    full = qwen_tokenizer_dir(dest.with_name(dest.name + "-full"))  # also puts tests/ on sys.path
+    if (dest / "tokenizer.json").is_file():
+        return dest
+    from vlm_fixtures import cut_tokenizer
+
+    return cut_tokenizer(full, dest)
+
+
+def save_random_model(dest: Path, model_type: str, dims: dict, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A random-init causal LM of ``model_type`` (a transformers config name) with ``dims``, fp32, and the tokenizer
+    of ``tokenizer_dir`` (its vocabulary size, EOS and padding), saved as a normal HF folder."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    if (dest / "config.json").is_file():
+        return dest
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    config = AutoConfig.for_model(model_type, vocab_size=len(tok), eos_token_id=tok.eos_token_id,
+                                  pad_token_id=tok.pad_token_id, **dims)
+    torch.manual_seed(seed)
+    AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(dest)
+    tok.save_pretrained(dest)
+    return dest
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:

