@@ -61,18 +61,20 @@ class FolderStore:
         if not changed and not gone:
             return False
         self.root.mkdir(parents=True, exist_ok=True)
-        for folder in sorted(_checkpoints(changed)):
-            if not (self.root / folder).exists():
-                tmp = self.root / f".partial-{folder}"
-                shutil.rmtree(tmp, ignore_errors=True)
-                shutil.copytree(run / folder, tmp)
-                os.replace(tmp, self.root / folder)
+        # The metrics and logs first: a checkpoint in the store then always has the metrics of its steps beside it
+        # (the run writes them before the checkpoint), whenever the machine goes away.
         for name in sorted(n for n in changed if not n.startswith("checkpoint-")):
             target = self.root / name
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".partial-{target.name}")
             shutil.copy2(run / name, tmp)
             os.replace(tmp, target)
+        for folder in sorted(_checkpoints(changed)):
+            if not (self.root / folder).exists():
+                tmp = self.root / f".partial-{folder}"
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(run / folder, tmp)
+                os.replace(tmp, self.root / folder)
         for folder in sorted(gone):
             shutil.rmtree(self.root / folder, ignore_errors=True)
         self.sent = now
@@ -122,7 +124,9 @@ class HubStore:
         api = HfApi()
         api.create_repo(self.repo_id, private=self.private, exist_ok=True)
         first = sorted(n for n in changed if n.startswith("checkpoint-") and not n.endswith(f"/{MANIFEST}"))
-        if first:  # a new checkpoint's files before its manifest
+        # a new checkpoint's files before its manifest, which comes in one commit with the metrics and logs: a
+        # complete checkpoint on the Hub always has the metrics of its steps beside it
+        if first:
             api.upload_folder(repo_id=self.repo_id, folder_path=run, allow_patterns=first,
                               commit_message=f"anyfit: {len(first)} checkpoint files")
         rest = sorted(set(changed) - set(first))
