@@ -21,7 +21,7 @@ BATCH = 1024  # lines per task, as anyfit's store builds (anyfit.data.store.BATC
 _TOK = None
 
 
-def _init(model: str) -> None:
+def _load(model: str) -> None:
     global _TOK
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     from transformers import AutoTokenizer
@@ -51,8 +51,10 @@ def _batches(path: str):
 def main() -> None:
     model, data = sys.argv[1], sys.argv[2]
     workers = int(sys.argv[3]) if len(sys.argv) > 3 else os.cpu_count() or 1
-    # fork: the cheapest start there is (datasets' map workers fork too); each worker loads the tokenizer once.
-    with multiprocessing.get_context("fork").Pool(workers, _init, (model,)) as pool:
+    # The tokenizer loaded once, here, and the workers forked with it: the cheapest start there is (datasets' map
+    # workers fork from a parent holding the tokenizer too).
+    _load(model)
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
         records = tokens = 0
         for n, t in pool.imap(_work, _batches(data), chunksize=1):
             records, tokens = records + n, tokens + t
