@@ -394,9 +394,8 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
             yield Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg, images), batch,
                              rest_cfg.source_column)
         return
-    # spawn, not fork: the parent may hold a process group and torch's threads
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(tokenizer, rest_cfg, images)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=_start_method(tokenizer), initializer=_init_worker,
+                             initargs=(tokenizer, rest_cfg, images)) as pool:
         queue: collections.deque = collections.deque()
         submitted = 0
         try:
@@ -442,6 +441,20 @@ def _sigint_deferred(active: bool):
             signal.signal(signal.SIGINT, handler)
     if caught:
         raise KeyboardInterrupt
+
+
+def _start_method(tokenizer):
+    """How the workers start. Not fork: the parent may hold a process group and torch's threads. A fork server
+    where the platform has one (Linux, macOS): one fresh process imports the workers' modules once and each worker
+    is forked from it, instead of each spawned worker importing them anew (about 1 s of a 2-core VM's start-up:
+    BENCHMARKS.md, 'Data preparation at the physical limit (issue 55)'); spawn elsewhere."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Taken by the fork server when it starts (the first pool of this process); a module that fails to import
+    # there is skipped, and the worker imports it itself.
+    context.set_forkserver_preload([__name__, type(tokenizer).__module__])
+    return context
 
 
 def _workers(cfg: DataConfig) -> int:
