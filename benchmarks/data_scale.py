@@ -4,7 +4,7 @@
     uv run --group bench python benchmarks/data_scale.py --rows 200000 --skip-trl
     uv run --group bench python benchmarks/data_scale.py --rows 1000000 --skip-trl --num-proc 2
     uv run --group bench python benchmarks/data_scale.py --profile 20000      # cProfile of one cold build
-    (--only prepare,warm,map,torchrun,trl picks measurements; --trl-num-proc 1,2; --work DIR keeps data and
+    (--only floor,prepare,warm,map,torchrun,trl picks measurements; --trl-num-proc 1,2; --work DIR keeps data and
     stores between invocations; results of every invocation are merged into --out)
 
 Data: ``--rows`` N conversations ``{"messages": [user, assistant]}``, deterministic under ``--seed``. The words
@@ -19,6 +19,9 @@ package) and a 2-layer, 32-wide random-init Qwen2 saved next to it: nothing is d
 Measured per N, each in its own fresh process, with the resident memory of the WHOLE process tree (the
 process and every descendant: the store's spawned workers, torchrun's workers, datasets' map workers)
 sampled with psutil every 0.2 s (RSS, and PSS, which counts a page shared by k processes as 1/k in each):
+- ``floor``: ``benchmarks/prep_floor.py``, the bare minimum any SFT tool must do (the chat template rendered and
+  the text tokenized in batches on every core, writing nothing), on the same records: anyfit prepare's wall against
+  it is issue 55's "share of the physical limit" (``--only floor,prepare --num-proc 2``).
 - ``prepare-npK``: ``python -m anyfit prepare CFG data.num_proc=K`` into an empty ``data.cache_dir`` (cold):
   wall time, peak tree RSS/PSS, the store's size on disk.
 - ``warm``: ``python -m anyfit train CFG train.max_steps=1 train.log_every=1`` with the store built: seconds
