@@ -4,7 +4,7 @@
     uv run --group bench python benchmarks/data_scale.py --rows 200000 --skip-trl
     uv run --group bench python benchmarks/data_scale.py --rows 1000000 --skip-trl --num-proc 2
     uv run --group bench python benchmarks/data_scale.py --profile 20000      # cProfile of one cold build
-    (--only prepare,warm,map,torchrun,trl picks measurements; --trl-num-proc 1,2; --work DIR keeps data and
+    (--only floor,prepare,warm,map,torchrun,trl picks measurements; --trl-num-proc 1,2; --work DIR keeps data and
     stores between invocations; results of every invocation are merged into --out)
 
 Data: ``--rows`` N conversations ``{"messages": [user, assistant]}``, deterministic under ``--seed``. The words
@@ -19,6 +19,9 @@ package) and a 2-layer, 32-wide random-init Qwen2 saved next to it: nothing is d
 Measured per N, each in its own fresh process, with the resident memory of the WHOLE process tree (the
 process and every descendant: the store's spawned workers, torchrun's workers, datasets' map workers)
 sampled with psutil every 0.2 s (RSS, and PSS, which counts a page shared by k processes as 1/k in each):
+- ``floor``: ``benchmarks/prep_floor.py``, the bare minimum any SFT tool must do (the chat template rendered and
+  the text tokenized in batches on every core, writing nothing), on the same records: anyfit prepare's wall against
+  it is issue 55's "share of the physical limit" (``--only floor,prepare --num-proc 2``).
 - ``prepare-npK``: ``python -m anyfit prepare CFG data.num_proc=K`` into an empty ``data.cache_dir`` (cold):
   wall time, peak tree RSS/PSS, the store's size on disk.
 - ``warm``: ``python -m anyfit train CFG train.max_steps=1 train.log_every=1`` with the store built: seconds
@@ -65,7 +68,7 @@ ROOT = Path(__file__).resolve().parent.parent
 GIB = 2**30
 SAMPLE_S = 0.2
 MAX_LENGTH = 1024
-MEASUREMENTS = ("prepare", "warm", "map", "torchrun", "trl")
+MEASUREMENTS = ("floor", "prepare", "warm", "map", "torchrun", "trl")
 # Word counts of the two turns: log-normal, clipped (calibrated so the templated conversation has a median of
 # about 250 Qwen2.5 tokens).
 USER_WORDS = (48, 0.6, 4, 600)  # median, sigma, low, high
@@ -387,6 +390,16 @@ def anyfit_prepare(ctx: dict[str, Any], num_proc: int) -> dict[str, Any]:
     return r
 
 
+def prep_floor(ctx: dict[str, Any]) -> dict[str, Any]:
+    """benchmarks/prep_floor.py on the same records: the chat template and the tokenizer on every core, nothing
+    written (issue 55's physical limit of a preparation; anyfit prepare's wall against it)."""
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "prep_floor.py"), str(ctx["model"]), str(ctx["data"])]
+    r = measured_run(cmd, child_env(ctx["work"]), ctx["logs"] / "floor.log", ctx["timeout"])
+    line = next((text for text in Path(r["log"]).read_text().splitlines() if "[floor]" in text), "")
+    r["tokens"] = int(line.split(" records, ")[1].split()[0]) if " records, " in line else None
+    return r
+
+
 def _warm_cache(ctx: dict[str, Any]) -> Path | None:
     """A cache_dir holding this N's complete store (from an earlier prepare measurement), else None."""
     for cache in sorted((ctx["work"] / "stores").glob(f"{ctx['rows']}-np*"), reverse=True):
@@ -669,6 +682,13 @@ def ratios(results: dict[str, Any]) -> list[str]:
             if a and t and "error" not in a and "error" not in t:
                 out.append(f"{int(rows):,} rows, num_proc={k}: anyfit prepare {a['wall_s']:.0f} s vs TRL "
                            f"{t['wall_s']:.0f} s: {t['wall_s'] / a['wall_s']:.2f}x")
+        floor = m.get("floor")
+        for key in sorted(k for k in m if k.startswith("prepare-np")):
+            a = m[key]
+            if floor and "error" not in floor and "error" not in a:
+                out.append(f"{int(rows):,} rows: the floor (template + tokenizer on every core, nothing written) "
+                           f"{floor['wall_s']:.1f} s vs anyfit prepare ({key[8:]}) {a['wall_s']:.1f} s: "
+                           f"{floor['wall_s'] / a['wall_s']:.0%} of the limit")
         one, two = m.get("warm"), m.get("torchrun")
         if one and two and "error" not in one and "error" not in two:
             out.append(f"{int(rows):,} rows: 2 processes' tree peak RSS {two['peak_tree_rss_gib']:.2f} GiB "
@@ -735,6 +755,8 @@ def main() -> None:
         print(f"[{rows:,} rows] {data} ({stats['bytes'] / GIB:.2f} GiB, median {stats['tokens_median']:.0f} tokens)",
               flush=True)
         plan: list[tuple[str, Any]] = []
+        if "floor" in only:
+            plan.append(("floor", lambda: prep_floor(ctx)))
         if "prepare" in only:
             plan += [(f"prepare-np{k}", lambda k=int(k): anyfit_prepare(ctx, k)) for k in args.num_proc.split(",")]
         plan += [(name, fn) for name, fn in (("warm", lambda: anyfit_warm(ctx)), ("map", lambda: anyfit_map(ctx)),

@@ -362,19 +362,22 @@ def _tokenized_batches(cfg: DataConfig, tokenizer, images: ImageTokens | None = 
     first_examples = to_examples(first, cfg)
     rest_cfg = resolve_fields(first[0], cfg)
     bar = tqdm(desc="tokenize", unit="record", leave=False, disable=not ahead)
-    try:
+
+    def first_batch() -> Packed:
         bar.update(len(first))
-        yield Packed.of(tokenize_each(first_examples, tokenizer, cfg, images), first, cfg.source_column)
-        if ahead:
-            yield from _rest(rest_cfg, tokenizer, first, ahead, batches, bar, images)
+        return Packed.of(tokenize_each(first_examples, tokenizer, cfg, images), first, cfg.source_column)
+
+    try:
+        yield from _rest(rest_cfg, tokenizer, first, first_batch, ahead, batches, bar, images)
     finally:
         bar.close()
 
 
-def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records], batches: Iterator[Records], bar,
-          images: ImageTokens | None = None):
-    """The batches after the first (``rest_cfg``: the format found in the first): in this process, or over a pool
-    of ``data.num_proc`` workers."""
+def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: list[Records],
+          batches: Iterator[Records], bar, images: ImageTokens | None = None):
+    """``first_batch()`` (tokenized here), then the batches after it (``rest_cfg``: the format found in the first):
+    in this process, or over a pool of ``data.num_proc`` workers. With a pool, the first batch is tokenized here
+    while the workers start (a spawned worker's imports and tokenizer take seconds), not before they are asked to."""
     small = sum(map(len, ahead)) + len(first) < PARALLEL_FROM  # everything is read already
     workers = 1 if small and rest_cfg.num_proc == "auto" else _workers(rest_cfg)
 
@@ -384,15 +387,15 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records],
             yield batch, start
             start += len(batch)
 
-    if workers <= 1:
+    if workers <= 1 or not ahead:
+        yield first_batch()
         for batch, start in numbered():
             bar.update(len(batch))
             yield Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg, images), batch,
                              rest_cfg.source_column)
         return
-    # spawn, not fork: the parent may hold a process group and torch's threads
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"),
-                             initializer=_init_worker, initargs=(tokenizer, rest_cfg, images)) as pool:
+    with ProcessPoolExecutor(workers, mp_context=_start_method(tokenizer), initializer=_init_worker,
+                             initargs=(tokenizer, rest_cfg, images)) as pool:
         queue: collections.deque = collections.deque()
         submitted = 0
         try:
@@ -400,10 +403,14 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, ahead: list[Records],
                 with _sigint_deferred(submitted < workers):  # (spawn) each of the first submits starts a worker
                     queue.append((len(batch), pool.submit(_tokenize_in_worker, list(batch), _places(batch), start)))
                 submitted += 1
+                if submitted == 2 * workers:  # the workers are starting: the first batch meanwhile, here
+                    yield first_batch()
                 if len(queue) >= 2 * workers:  # bounded: at most two batches per worker in flight
                     n, future = queue.popleft()
                     bar.update(n)
                     yield future.result()
+            if submitted < 2 * workers:
+                yield first_batch()
             for n, future in queue:
                 bar.update(n)
                 yield future.result()
@@ -434,6 +441,20 @@ def _sigint_deferred(active: bool):
             signal.signal(signal.SIGINT, handler)
     if caught:
         raise KeyboardInterrupt
+
+
+def _start_method(tokenizer):
+    """How the workers start. Not fork: the parent may hold a process group and torch's threads. A fork server
+    where the platform has one (Linux, macOS): one fresh process imports the workers' modules once and each worker
+    is forked from it, instead of each spawned worker importing them anew (about 1 s of a 2-core VM's start-up:
+    BENCHMARKS.md, 'Data preparation at the physical limit (issue 55)'); spawn elsewhere."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("forkserver")
+    # Taken by the fork server when it starts (the first pool of this process); a module that fails to import
+    # there is skipped, and the worker imports it itself.
+    context.set_forkserver_preload([__name__, type(tokenizer).__module__])
+    return context
 
 
 def _workers(cfg: DataConfig) -> int:

@@ -35,10 +35,12 @@ def load_processor(cfg: ModelConfig, tokenizer) -> tuple[object | None, str]:
 def processor_of(config, folder: str, tokenizer, name: str, *, revision: str | None = None,
                  trust_remote_code: bool = False) -> tuple[object | None, str]:
     """(the processor in ``folder`` of a model with this ``config``, ""), or (None, why there is none)."""
-    from transformers import AutoProcessor
-
     if not is_composite(config) or getattr(config, "vision_config", None) is None:
         return None, f"{name} is a text-only model (model_type {config.model_type!r}, no vision config)"
+    # Imported only here: it imports transformers' image processing and torchvision (~2 s of a text-only
+    # anyfit prepare's start-up on the 2-core VM).
+    from transformers import AutoProcessor
+
     try:
         processor = AutoProcessor.from_pretrained(folder, tokenizer=tokenizer, revision=revision,
                                                   trust_remote_code=trust_remote_code)

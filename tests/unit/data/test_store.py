@@ -299,8 +299,10 @@ def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_p
     big_config.write_text(big_config.read_text().replace("num_proc: 1", f"num_proc: {num_proc}"))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     victim, stores = prepare_until_tokens(big_config, tmp_path, env)
-    def spawned() -> list[psutil.Process]:
-        return [c for c in psutil.Process(victim.pid).children(recursive=True) if "spawn_main" in " ".join(c.cmdline())]
+    def spawned() -> list[psutil.Process]:  # the pool's workers: spawned, or forked by the fork server
+        tree = psutil.Process(victim.pid).children(recursive=True)
+        servers = {c.pid for c in tree if "forkserver" in " ".join(c.cmdline())}
+        return [c for c in tree if "spawn_main" in " ".join(c.cmdline()) or c.ppid() in servers]
 
     deadline = time.time() + HANG_S
     while num_proc > 1 and len(spawned()) < num_proc:  # the pool's workers are up (maybe still importing)
