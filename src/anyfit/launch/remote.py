@@ -68,6 +68,7 @@ class Syncer:
         self.store, self.run, self.every, self.poll = store, run, every, min(poll, every)
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.seen, self.last = checkpoint_names(run), time.monotonic()
 
     def _push(self) -> None:
         try:
@@ -77,20 +78,24 @@ class Syncer:
             print(f"[anyfit launch] sync to {self.store.describe()} failed, will retry: "
                   f"{' '.join(str(e).split())[:300]}", flush=True)
 
+    def tick(self) -> None:
+        """One look at the run folder: a push when a new checkpoint is complete or the period has passed."""
+        now = checkpoint_names(self.run)
+        if now - self.seen or time.monotonic() - self.last >= self.every:
+            self._push()
+            self.seen, self.last = now, time.monotonic()
+
     def _loop(self) -> None:
-        seen, last = checkpoint_names(self.run), time.monotonic()
         while not self.stop.wait(self.poll):
-            now = checkpoint_names(self.run)
-            if now - seen or time.monotonic() - last >= self.every:
-                self._push()
-                seen, last = now, time.monotonic()
+            self.tick()
 
     def start(self) -> None:
         self.thread.start()
 
     def finish(self) -> None:
         self.stop.set()
-        self.thread.join()
+        if self.thread.is_alive():
+            self.thread.join()
         self._push()
 
 
