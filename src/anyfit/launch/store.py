@@ -34,6 +34,12 @@ def _checkpoints(names) -> set[str]:
     return {n.split("/", 1)[0] for n in names if n.startswith("checkpoint-")}
 
 
+def _changes(sent: dict, run: Path) -> tuple[dict, set[str], set[str]]:
+    """(the run folder's listing now, the files changed since ``sent``, the checkpoints the run pruned since)."""
+    now = _listing(run)
+    return now, {n for n, sig in now.items() if sent.get(n) != sig}, _checkpoints(sent) - _checkpoints(now)
+
+
 class FolderStore:
     """A folder as the store: each complete checkpoint copied under a hidden name, then renamed (one atomic step);
     other files copied beside and renamed over the old copy."""
@@ -55,9 +61,7 @@ class FolderStore:
 
     def push(self, run: Path) -> bool:
         """Send what changed since the last push; whether anything was sent."""
-        now = _listing(run)
-        changed = {n for n, sig in now.items() if self.sent.get(n) != sig}
-        gone = _checkpoints(self.sent) - _checkpoints(now)
+        now, changed, gone = _changes(self.sent, run)
         if not changed and not gone:
             return False
         self.root.mkdir(parents=True, exist_ok=True)
@@ -116,9 +120,7 @@ class HubStore:
     def push(self, run: Path) -> bool:
         from huggingface_hub import HfApi  # start-up time: only in a launched job
 
-        now = _listing(run)
-        changed = {n for n, sig in now.items() if self.sent.get(n) != sig}
-        gone = _checkpoints(self.sent) - _checkpoints(now)
+        now, changed, gone = _changes(self.sent, run)
         if not changed and not gone:
             return False
         api = HfApi()
