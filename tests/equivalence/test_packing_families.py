@@ -69,6 +69,12 @@ def test_packed_equals_padded(family):
     # anyfit's per-example attention for every family it can split; chunked attention hands over to transformers
     assert verdict.attention == ("sdpa" if family == "llama4" else "anyfit_varlen"), verdict.line
     reference = tiny_model(family)  # transformers' own attention, padded batches
+    _packed_equals_padded(model, reference, examples, family)
+
+
+def _packed_equals_padded(model, reference, examples, family: str) -> None:
+    """Three packed micro-batches of ``model`` against the same examples padded through ``reference``: the summed
+    loss and every gradient within TOLERANCE."""
     micro = [examples[:2], examples[2:5], examples[5:]]
     loss, grads = _loss_and_grads(model, [collate(m, 0, packed=True) for m in micro])
     ref_loss, ref_grads = _loss_and_grads(reference, [collate(m, 0) for m in micro])
@@ -98,13 +104,7 @@ def test_state_layers_pack_exactly(family):
     assert verdict.packed and verdict.state == state_layers.PER_EXAMPLE, verdict.line
     assert "run one example per row" in verdict.line and "\n" not in verdict.line
     reference = _stateful_model(family)
-    micro = [examples[:2], examples[2:5], examples[5:]]
-    loss, grads = _loss_and_grads(model, [collate(m, 0, packed=True) for m in micro])
-    ref_loss, ref_grads = _loss_and_grads(reference, [collate(m, 0) for m in micro])
-    assert abs(loss - ref_loss) <= TOLERANCE * abs(ref_loss)
-    assert grads.keys() == ref_grads.keys()
-    worst = max(_relative(grads[n], ref_grads[n]) for n in grads)
-    assert worst <= TOLERANCE, f"{family}: gradients differ by {worst:.1e}"
+    _packed_equals_padded(model, reference, examples, family)
 
 
 def test_state_layers_under_gradient_checkpointing():
