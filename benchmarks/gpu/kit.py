@@ -302,3 +302,20 @@ def part_args(description: str, extra=None):
     args.work = Path(args.work or f"/tmp/anyfit-gpu-kit/{Path(sys.argv[0]).stem}{'-dry' if args.dry_run else ''}")
     args.work.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def run_cells(names: list[str], functions: dict, ctx: dict, folder: Path) -> None:
+    """Run in-process cells in turn, each a pass with its measurements or a fail with its error, and write one
+    ``cell-NAME.json`` per cell into ``folder`` (the parent process reads them back)."""
+    import traceback
+
+    for name in names:
+        t0 = time.perf_counter()
+        try:
+            res = {"status": "pass", **functions[name](ctx)}
+        except Exception as e:  # noqa: BLE001 - every failure is a result of the cell
+            traceback.print_exc()
+            res = {"status": "fail", "error": f"{type(e).__name__}: {e}"[:600]}
+        res["wall_s"] = round(time.perf_counter() - t0, 1)
+        (folder / f"cell-{name}.json").write_text(json.dumps(res, default=str))
+        print(f"[cell {name}] {res['status']}", flush=True)

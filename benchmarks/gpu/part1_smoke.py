@@ -30,8 +30,6 @@ import gc
 import json
 import subprocess
 import sys
-import time
-import traceback
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -345,16 +343,7 @@ def child(names: list[str], ctx_path: Path) -> None:
     """Run in-process cells (in this fresh process) and write one JSON result per cell next to the context."""
     ctx = json.loads(ctx_path.read_text())
     ctx.update(work=Path(ctx["work"]))
-    for name in names:
-        t0 = time.perf_counter()
-        try:
-            res = {"status": "pass", **CELL_FUNCTIONS[name](ctx)}
-        except Exception as e:  # noqa: BLE001 - every failure is a result of the cell
-            traceback.print_exc()
-            res = {"status": "fail", "error": f"{type(e).__name__}: {e}"[:600]}
-        res["wall_s"] = round(time.perf_counter() - t0, 1)
-        (ctx_path.parent / f"cell-{name}.json").write_text(json.dumps(res, default=str))
-        print(f"[cell {name}] {res['status']}", flush=True)
+    kit.run_cells(names, CELL_FUNCTIONS, ctx, ctx_path.parent)
 
 
 # ------------------------------------------------------------------------------------------------------------

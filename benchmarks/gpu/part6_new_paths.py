@@ -219,16 +219,7 @@ CELL_FUNCTIONS = {"hybrid-steps": cell_hybrid_steps}
 
 def child(names: list[str], ctx_path: Path) -> None:
     ctx = json.loads(ctx_path.read_text())
-    for name in names:
-        t0 = time.perf_counter()
-        try:
-            res = {"status": "pass", **CELL_FUNCTIONS[name](ctx)}
-        except Exception as e:  # noqa: BLE001 - every failure is a result of the cell
-            traceback.print_exc()
-            res = {"status": "fail", "error": f"{type(e).__name__}: {e}"[:600]}
-        res["wall_s"] = round(time.perf_counter() - t0, 1)
-        (ctx_path.parent / f"cell-{name}.json").write_text(json.dumps(res, default=str))
-        print(f"[cell {name}] {res['status']}", flush=True)
+    kit.run_cells(names, CELL_FUNCTIONS, ctx, ctx_path.parent)
 
 
 def in_process_cell(name: str, args, ctx: dict, results: kit.Results, log: Path) -> None:
