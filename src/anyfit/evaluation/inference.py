@@ -42,7 +42,7 @@ from anyfit.data.tokenization import prompt_token_ids
 from anyfit.hardware.memory import free_bytes, is_oom, release_cached
 from anyfit.hardware.runtime import inference_policy
 from anyfit.evaluation.image_prompts import ImagePrompt, processed_batch
-from anyfit.model.loading import load_for_inference
+from anyfit.model.loading import load_for_inference, model_dtype
 from anyfit.model.processor import copy_processor_files, inference_processor
 from anyfit.model.shape import kv_cache_bytes, shape_from_config
 from anyfit.model.source import ModelLocation, locate_model
@@ -326,7 +326,7 @@ class TransformersBackend:
             while start < len(order):
                 rows = order[start:start + batch]
                 rows = [i for i in rows if isinstance(ids[i], ImagePrompt) == isinstance(ids[rows[0]], ImagePrompt)]
-                inputs = left_padded([ids[i] for i in rows], pad_id, images, device, next(model.parameters()).dtype)
+                inputs = left_padded([ids[i] for i in rows], pad_id, images, device, model_dtype(model))
                 width = inputs["input_ids"].shape[1]
                 try:
                     out = model.generate(**inputs, generation_config=gen_config, **extra)

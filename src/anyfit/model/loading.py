@@ -231,3 +231,9 @@ def shared_parameter_names(model: torch.nn.Module) -> list[list[str]]:
     for name, param in model.named_parameters(remove_duplicate=False):
         names.setdefault(id(param), []).append(name)
     return [shared for shared in names.values() if len(shared) > 1]
+
+
+def model_dtype(model: nn.Module) -> torch.dtype | None:
+    """The dtype floating-point inputs (processed images) are given to ``model`` in, in training and in generation:
+    its floating-point parameters' (a QLoRA base's 4-bit weights are stored as integers and can come first)."""
+    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)

@@ -29,6 +29,7 @@ from torch.profiler import record_function
 
 from anyfit.data.batching import IGNORE_INDEX
 from anyfit.model.head import fused_head_of
+from anyfit.model.loading import model_dtype
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids", "packed_lengths", "cu_seq_lens")
 
@@ -42,12 +43,6 @@ def model_inputs(batch: dict, dtype: torch.dtype | None = None) -> dict:
     images = {k: v.to(dtype) if dtype is not None and isinstance(v, torch.Tensor) and v.is_floating_point() else v
               for k, v in batch.get("image_inputs", {}).items()}
     return {k: batch[k] for k in MODEL_INPUTS if k in batch} | images
-
-
-def model_dtype(model: torch.nn.Module) -> torch.dtype | None:
-    """The dtype image inputs are given to ``model`` in: its floating-point parameters' (a QLoRA base's 4-bit weights
-    are stored as integers), as ``evaluation.inference`` gives them."""
-    return next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
 
 
 class ChunkedCrossEntropy(torch.autograd.Function):

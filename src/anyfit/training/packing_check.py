@@ -28,9 +28,10 @@ from torch import nn
 from anyfit.data.batching import to_device
 from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.composite import language_attention
+from anyfit.model.loading import model_dtype
 from anyfit.model.packing import smallest_window, stateful_layers
 from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, BoundaryError, Boundaries
-from anyfit.training.loss import model_dtype, model_inputs
+from anyfit.training.loss import model_inputs
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
 # dtype's round-off (the same matmuls over different row counts round differently, and that grows through the

@@ -16,6 +16,7 @@ from anyfit.model.loading import (
     ModelSource,
     find_lora_targets,
     load_model,
+    model_dtype,
 )
 from anyfit.model.tokenizer import load_tokenizer
 
@@ -150,3 +151,12 @@ def test_qlora_gradients_are_the_same_after_an_evaluation(tiny_llama_dir):
     assert loss_after == loss and grads.keys() == grads_after.keys()
     for name, grad in grads.items():
         torch.testing.assert_close(grads_after[name], grad, rtol=0, atol=0, msg=name)
+
+
+def test_inputs_take_the_floating_point_weights_dtype_even_when_integer_weights_come_first():
+    # A QLoRA base stores its 4-bit weights as uint8 parameters; the first parameter can be one of them.
+    model = torch.nn.Module()
+    model.packed = torch.nn.Parameter(torch.zeros(4, dtype=torch.uint8), requires_grad=False)
+    model.norm = torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))
+    assert next(model.parameters()).dtype == torch.uint8
+    assert model_dtype(model) == torch.bfloat16
