@@ -42,6 +42,8 @@ def cmd_plan(args) -> int:
     from anyfit.planning.presets import targets_from_args
     from anyfit.planning.report import plan_dict, plan_report
 
+    if not 0 < args.trained_share <= 1:
+        raise ConfigError(f"--trained-share is a share of the tokens, above 0 and at most 1; got {args.trained_share}.")
     if args.examples is not None and args.examples < 1:
         raise ConfigError(f"--examples must be at least 1, got {args.examples}.")
     if args.micro_batch is not None and not 1 <= args.micro_batch <= cfg.train.effective_batch:
@@ -51,11 +53,11 @@ def cmd_plan(args) -> int:
     line, shape = image_budget(cfg)
     if args.json:
         print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, shape=shape, examples=args.examples,
-                                   micro_batch=args.micro_batch), indent=2,
+                                   micro_batch=args.micro_batch, trained_share=args.trained_share), indent=2,
                          default=str))
     else:
         print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, shape=shape, examples=args.examples,
-                          micro_batch=args.micro_batch))
+                          micro_batch=args.micro_batch, trained_share=args.trained_share))
         if line:
             print(line)
     return 0
@@ -115,6 +117,9 @@ def register(sub) -> None:
                    help="Number of GPUs (data parallel / FSDP); a preset's price and host RAM scale with it.")
     p.add_argument("--mean-tokens", type=float, default=None,
                    help="Mean tokens per sequence for the time estimate (default: data.max_length).")
+    p.add_argument("--trained-share", type=float, default=1.0,
+                   help="Share of the tokens that are trained (the answers; `anyfit prepare` prints it): the "
+                        "output head and the loss run at those positions only, which the time estimate counts.")
     p.add_argument("--price-per-hour", type=float, default=None,
                    help="USD per hour for the whole machine picked by --device (alone: for this machine), "
                         "instead of the preset's approximate price; gives the cost columns.")

@@ -31,18 +31,19 @@ def _resolve_targets(targets) -> list[Target]:
 
 
 def plan(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-         safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None
-         ) -> tuple[ModelShape, list[TargetPlan]]:
+         safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None,
+         trained_share: float = 1.0) -> tuple[ModelShape, list[TargetPlan]]:
     """Plan the configured run on each target (default: this machine and every preset); ``micro_batch``: fixed."""
     shape = shape or model_shape(cfg.model)
-    return shape, [plan_target(cfg, shape, t, mean_tokens, safety, examples=examples, micro_batch=micro_batch)
-                   for t in _resolve_targets(targets)]
+    return shape, [plan_target(cfg, shape, t, mean_tokens, safety, examples=examples, micro_batch=micro_batch,
+                               trained_share=trained_share) for t in _resolve_targets(targets)]
 
 
 def plan_dict(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-              safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None) -> dict[str, Any]:
+              safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None,
+              trained_share: float = 1.0) -> dict[str, Any]:
     """The plan as plain data (``anyfit plan --json``). Memory is per device (per rank); host RAM per machine."""
-    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch)
+    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch, trained_share)
     examples = examples if examples is not None else cfg.data.num_samples
     return {
         "model": {**{k: v for k, v in dataclasses.asdict(shape).items() if k != "projections"},
@@ -52,7 +53,8 @@ def plan_dict(cfg: Config, targets=None, mean_tokens: float | None = None, shape
                                              - shape.lora_params(cfg.lora.r, cfg.lora.target_modules, False)),
                   "lora_targets": shape.lora_targets(cfg.lora.target_modules, cfg.lora.experts)},
         "effective_batch": cfg.train.effective_batch, "seq_len": cfg.data.max_length,
-        "tokens_per_sequence_for_time": mean_tokens or cfg.data.max_length, "safety": safety,
+        "tokens_per_sequence_for_time": mean_tokens or cfg.data.max_length, "trained_share_for_time": trained_share,
+        "safety": safety,
         "examples": examples, "price_note": PRICE_NOTE,
         "targets": [p.as_dict() for p in plans],
     }
@@ -69,14 +71,15 @@ def _money(value: float | None) -> str:
 
 
 def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-                safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None) -> str:
+                safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None,
+                trained_share: float = 1.0) -> str:
     """The printable plan: one row per target, each target's per-device breakdown, then the first target's
     memory in detail.
 
     Kept whole: the report is read in the order it prints (table, notes per target, the first
     target's breakdown); every number in it comes from ``plan``.
     """
-    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch)
+    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch, trained_share)
     examples = examples if examples is not None else cfg.data.num_samples
     lora_n = shape.lora_params(cfg.lora.r, cfg.lora.target_modules, cfg.lora.experts)
     in_experts = lora_n - shape.lora_params(cfg.lora.r, cfg.lora.target_modules, False)
@@ -86,7 +89,8 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
              f"{lora_n / 1e6:,.2f}M adapter parameters"
              + (f" ({in_experts / 1e6:,.2f}M in the routed experts)" if shape.num_experts else ""),
              f"run: effective batch {cfg.train.effective_batch}, sequences up to {cfg.data.max_length} tokens "
-             f"(memory uses the longest; time uses {mean_tokens or cfg.data.max_length:g} tokens per sequence), "
+             f"(memory uses the longest; time uses {mean_tokens or cfg.data.max_length:g} tokens per sequence, "
+             f"{trained_share:.0%} of them trained), "
              f"budget {safety:.0%} of each device's memory"
              + (f", {examples:,} examples per epoch" if examples is not None else ""), ""]
     header = ["target", "mem/dev", "precision", "micro x accum x procs", "method", "savers", "peak GiB/dev",

@@ -95,6 +95,9 @@ class Setup:
     fsdp_unsharded_accumulation: bool = True
     train_vision: str = "frozen"  # model.train_vision: a composite's vision tower frozen | lora | full
     train_projector: bool = False  # model.train_projector: a composite's projector trained whole
+    # The share of positions whose next token trains: the head and the loss run there only (logits_to_keep). Time
+    # counts it (the data's mean); memory plans every position, since one micro-batch can be all answer.
+    trained_share: float = 1.0
 
     def __post_init__(self):
         if self.offload and not self.fsdp:

@@ -35,12 +35,15 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     + the forward again on the checkpointed layers. A tiled MLP runs the MLP's forward once more (+2 N_mlp).
     Under sequence parallelism these are per token of a process's part (attention over the whole sequence for
     1/N of the heads is 1/N of the whole attention). The fused loss computes the head's logits again in the
-    backward (+2 x vocab x hidden).
+    backward (+2 x vocab x hidden). The head runs at trained positions only (``Setup.trained_share`` of the
+    tokens), as anyfit's loss and its MFU count it (``anyfit.profiling.flops``).
     """
     n_mm = shape.active_matmul_params  # a mixture of experts: the token's top_k experts only
+    head = shape.vocab_size * shape.hidden_size
     mm = 6 * n_mm
     if setup.lora:
         mm = 4 * n_mm + shape.lora_flops(setup.lora_r, setup.lora_targets, setup.lora_experts)
+    mm -= (1 - setup.trained_share) * (4 if setup.lora else 6) * head  # no logits at untrained positions
     attn_fwd = 4 * shape.num_layers * shape.q_dim * setup.seq_len
     attention = 3 * attn_fwd
     recomputed = setup.checkpointed_layers(shape.num_layers)
@@ -51,7 +54,7 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     if setup.tiled_mlp:
         mm += 2 * sum(p.d_in * p.d_out * p.count for p in shape.projections if p.group in ("mlp_in", "mlp_mid"))
     if setup.fused_loss:  # the head's logits computed again in the backward
-        mm += 2 * shape.vocab_size * shape.hidden_size
+        mm += 2 * head * setup.trained_share
     return mm + attention
 
 
@@ -67,7 +70,8 @@ def streamed_bytes_per_token(shape: ModelShape, setup: Setup) -> float:
       again (and writes and reads a dropout copy when dropout is on) and adds its output into the base output;
     - the backward pass about twice the forward; checkpointed layers run their forward again;
     - the output: the logits written, cast to fp32 for the loss, log-softmax and its gradient, cast back
-      (4a + 28 bytes per vocabulary entry; the same with chunked cross-entropy, which bounds memory, not traffic);
+      (4a + 28 bytes per vocabulary entry; the same with chunked cross-entropy, which bounds memory, not traffic),
+      at trained positions only (``Setup.trained_share``);
     - fp32 master weights cast to the compute dtype by autocast once per micro-batch (and again in a
       checkpointed layer's recompute), spread over the micro-batch's tokens.
 
@@ -86,7 +90,7 @@ def streamed_bytes_per_token(shape: ModelShape, setup: Setup) -> float:
     layers = max(1, shape.num_layers)
     recomputed = setup.checkpointed_layers(layers) / layers
     body = layers * layer * (3 + recomputed)
-    output = shape.vocab_size * (4 * a + 28)
+    output = shape.vocab_size * (4 * a + 28) * setup.trained_share
     casts = 0.0
     if setup.weight_bytes > a and not setup.mixed_fsdp:  # autocast's copy of fp32 weights, per micro-batch
         casts = (shape.matmul_params * (setup.weight_bytes + a) * (1 + recomputed)
@@ -220,16 +224,18 @@ def sequence_exchange_seconds(shape: ModelShape, setup: Setup, target: Target) -
     return passes * layers * per_layer / ((target.interconnect_gbs or PCIE4_GBS) * 1e9)
 
 
-def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float) -> StepTime:
+def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float,
+              trained_share: float = 1.0) -> StepTime:
     """One optimizer step: the compute of each device's tokens, the bandwidth-bound optimizer update, and the
     exposed communication (``communication_seconds``).
 
     Compute on a target with a calibrated ``matmul_share`` (CUDA): FLOPs / (peak x matmul_share) + the streamed
     bytes (``streamed_bytes_per_token``) / memory bandwidth, so a small hidden size or a large vocabulary costs
     what its memory traffic costs; elsewhere FLOPs / (peak x MFU), the CPU's MFU measured against its own runs
-    (benchmarks/PLAN_VS_MEASURED.md). A CPU or Mac with measured rates: ``measured_compute_seconds``."""
+    (benchmarks/PLAN_VS_MEASURED.md). A CPU or Mac with measured rates: ``measured_compute_seconds``.
+    ``tokens_per_sequence`` and ``trained_share``: the data's mean length and share of trained positions."""
     tokens = setup.micro_batch * setup.accumulation * tokens_per_sequence / setup.sequence_parallel  # per device
-    seq_setup = dataclasses.replace(setup, seq_len=max(1, round(tokens_per_sequence)))
+    seq_setup = dataclasses.replace(setup, seq_len=max(1, round(tokens_per_sequence)), trained_share=trained_share)
     flops = flops_per_token(shape, seq_setup) * tokens
     peak = target.tflops(setup.precision) * 1e12
     if target.rates is not None and target.mfu is None:
@@ -245,7 +251,8 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
         optimizer = streamed / (CPU_OPTIMIZER_GBS * 1e9)
     else:
         optimizer = streamed / setup.shards / (target.bandwidth_gbs * 1e9)
-    forward = 2 * shape.active_matmul_params + 4 * shape.num_layers * shape.q_dim * seq_setup.seq_len
+    head = shape.vocab_size * shape.hidden_size * (1 - trained_share)  # not run at untrained positions
+    forward = 2 * (shape.active_matmul_params - head) + 4 * shape.num_layers * shape.q_dim * seq_setup.seq_len
     communication = communication_seconds(shape, setup, target, compute / max(1, setup.accumulation),
                                           forward / flops_per_token(shape, seq_setup))
     communication += setup.accumulation * sequence_exchange_seconds(shape, seq_setup, target)
@@ -256,9 +263,10 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     return StepTime(compute, optimizer, communication)
 
 
-def step_seconds(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float) -> float:
+def step_seconds(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float,
+                 trained_share: float = 1.0) -> float:
     """Seconds per optimizer step (``step_time``'s total)."""
-    return step_time(shape, setup, target, tokens_per_sequence).total
+    return step_time(shape, setup, target, tokens_per_sequence, trained_share).total
 
 
 def duration_text(seconds: float | None) -> str:

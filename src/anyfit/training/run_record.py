@@ -74,7 +74,8 @@ def describe_run(cfg: Config, policy, backend, plan, steps: int, report, loaded,
 
 def planned_run(cfg: Config, policy, plan, model_config, sharded: bool, report, processes: int) -> dict[str, Any]:
     """What ``anyfit plan``'s estimates say of this run as it starts: its setup at the micro-batch it uses on this
-    machine, peak memory per device at its longest example, step time and tokens/s at its mean length, and the
+    machine, peak memory per device at its longest example, step time and tokens/s at its mean length and share of
+    trained tokens, and the
     model FLOP/s per device that time implies (the report divides them by the run's own MFU peak, so that measured
     and planned MFU share a denominator; recomputation is not counted, as in the run's MFU). Kept for the run's
     report, beside what the run measured. An estimate that fails is recorded as its reason, not raised: the
@@ -84,9 +85,10 @@ def planned_run(cfg: Config, policy, plan, model_config, sharded: bool, report, 
         setup = run_setup(cfg, policy, plan.micro_batch, processes, sharded, report.max_length or cfg.data.max_length)
         target = this_machine(measure_cpu=True, dtype=policy.precision)  # measured once per machine, then cached
         mean = report.mean_length or cfg.data.max_length
-        seconds = step_time(shape, setup, target, mean).total
+        trained = report.trainable_tokens / report.total_tokens if report.total_tokens else 1.0
+        seconds = step_time(shape, setup, target, mean, trained).total
         model_setup = dataclasses.replace(setup, seq_len=max(1, round(mean)), gradient_checkpointing=False,
-                                          tiled_mlp=False, fused_loss=False)
+                                          tiled_mlp=False, fused_loss=False, trained_share=trained)
         device_tokens = setup.micro_batch * setup.accumulation * mean / setup.sequence_parallel
         return {"machine": target.label(), "micro_batch": setup.micro_batch, "seq_len": setup.seq_len,
                 "peak_mem_gib": round(estimate_memory(shape, setup).peak / GIB, 3),

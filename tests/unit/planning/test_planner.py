@@ -436,6 +436,12 @@ def test_time_scales_with_the_device_and_mean_length():
     assert h100 < t4 / 5
     short = plan_target(cfg, shape, PRESETS["h100"], mean_tokens=256).seconds_per_100_steps
     assert short < h100 / 3
+    # the head and loss run at trained positions only: a quarter trained is quicker, with the same peak
+    answers = plan_target(cfg, shape, PRESETS["h100"], mean_tokens=256, trained_share=0.25)
+    assert answers.seconds_per_100_steps < short
+    assert answers.memory.peak == plan_target(cfg, shape, PRESETS["h100"], mean_tokens=256).memory.peak
+    text = plan_report(cfg, targets=["h100"], shape=shape, mean_tokens=256, trained_share=0.25)
+    assert "256 tokens per sequence, 25% of them trained" in text
 
 
 # --- targets --------------------------------------------------------------------------------------------------

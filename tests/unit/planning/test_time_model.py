@@ -179,3 +179,26 @@ def test_a_lora_adapters_flops_run_at_the_measured_rate_of_thin_matmuls():
     gap = step_time(shape, s, _measured_cpu(slow), s.seq_len).compute - \
         step_time(shape, s, _measured_cpu(fast), s.seq_len).compute
     assert gap == pytest.approx(adapter / 0.01e12 - adapter / 0.02e12)
+
+
+@pytest.mark.parametrize("method, per_head", [("full", 6), ("lora", 4)])
+def test_the_head_and_loss_are_timed_at_trained_positions_only(method, per_head):
+    """anyfit computes logits only where the next token trains (logits_to_keep), and its MFU counts the head there
+    (anyfit.profiling.flops): the plan's FLOPs and the output's streamed bytes follow the trained share; memory
+    still plans every position (one micro-batch can be all answer)."""
+    from anyfit.profiling.flops import ModelFlops
+
+    shape = llama(576, 1536, 30, 9, vocab=49152)
+    head = 49152 * 576
+    every, quarter = setup(method=method), setup(method=method, trained_share=0.25)
+    assert flops_per_token(shape, every) - flops_per_token(shape, quarter) == pytest.approx(0.75 * per_head * head)
+    fused = dataclasses.replace(quarter, fused_loss=True)
+    assert flops_per_token(shape, fused) - flops_per_token(shape, quarter) == pytest.approx(2 * 0.25 * head)
+    output = shape.vocab_size * (4 * 2 + 28)
+    assert streamed_bytes_per_token(shape, every) - streamed_bytes_per_token(shape, quarter) == \
+        pytest.approx(0.75 * output)
+    # the run's MFU counts the same head FLOPs per trained token
+    assert ModelFlops.of(shape, 1 if method == "lora" else 0).head_per_trained_token == per_head * head
+    assert step_time(shape, every, PRESETS["h100"], 2048, 0.25).compute < step_time(shape, every, PRESETS["h100"],
+                                                                                     2048).compute
+    assert estimate_memory(shape, quarter).peak == estimate_memory(shape, every).peak
