@@ -30,8 +30,9 @@ _DECORATED = ("has_gate", "has_bias", "is_transposed", "has_post_expert_norm")  
 
 def _grouped_mm_works(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether torch's grouped matmul takes these operands: its kernels want 16-byte aligned rows and strides, and
-    exist on CPU (torch 2.9+) and on CUDA from compute capability 8.0."""
-    if not hasattr(torch.nn.functional, "grouped_mm") or x.dtype != w.dtype:
+    exist on CPU (torch 2.9+) and on CUDA from compute capability 8.0, for float32, bfloat16 and float16."""
+    if (not hasattr(torch.nn.functional, "grouped_mm") or x.dtype != w.dtype
+            or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
         return False
     if w.device.type == "cuda":
         if torch.cuda.get_device_capability(w.device) < (8, 0):
@@ -205,6 +206,11 @@ def split_wrapper() -> type:
     if not _WRAPPER:
         _WRAPPER.append(_lora_wrapper())
     return _WRAPPER[0]
+
+
+def splits_in(model: nn.Module) -> bool:
+    """Whether any adapter of ``model`` takes the split path (what the run's FLOPs count, ``ModelFlops.of``)."""
+    return bool(_WRAPPER) and any(isinstance(m, _WRAPPER[0]) for m in model.modules())
 
 
 def split_expert_classes(model: nn.Module, parameters: list[str], r: int) -> tuple[dict[type, type], list[str]]:
