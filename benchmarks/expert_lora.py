@@ -9,6 +9,12 @@ loss's logits do not hide the decoder body. Peak: the process's peak resident se
 set before them (anyfit.hardware.memory.peak_bytes, as the runs report peak_mem_gib); step time: the median over the
 steps after the first.
 
+After the timed steps one more step is accounted by tensor, independent of malloc: what autograd keeps for the backward
+(saved_tensors_hooks, deduplicated by storage, parameters left out) and the peak of live tensor bytes during the step
+(torch.profiler, profile_memory=True) plus the optimizer's states; the rows split the peak above the frozen-expert run
+into the expert adapter's AdamW states, the saved activations, and the rest (the gradients that exist at the peak,
+and the backward's transients).
+
 Usage: uv run python benchmarks/expert_lora.py [--steps 6] [--write]
 (--write: the rows into benchmarks/results/expert_lora.json; BENCHMARKS.md's section is updated by hand)
 """
@@ -38,6 +44,12 @@ MODELS = {
                 dict(COMMON, hidden_size=512, intermediate_size=512, num_local_experts=32, num_experts_per_tok=4,
                      layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=128)),
 }
+# Qwen3-30B-A3B's experts (hidden 2048, moe_intermediate 768, top 8 of 128): 2 layers of 32 of them, 1.125 GiB of
+# fp32 experts (with 32 experts each has 4x the rows it would have among 128: the activations weigh 4x more here)
+MODELS["qwen3_30b_experts"] = ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                               dict(COMMON, num_hidden_layers=2, num_attention_heads=32, head_dim=128, hidden_size=2048,
+                                    intermediate_size=6144, moe_intermediate_size=768, num_experts=32,
+                                    num_experts_per_tok=8))
 RUNS = {"frozen experts": {"experts": False}, "PEFT path": {"split_experts": False}, "split path": {}}
 
 
@@ -71,10 +83,45 @@ def one(family: str, run: str, steps: int) -> dict:
     from anyfit.model.moe import adapter_in_experts
 
     states = 16 * adapter_in_experts(model)  # the experts' adapter: fp32 weights, gradients, AdamW's two states
+    saved, live = accounted_step(model, optimizer, ids)
     return {"family": family, "run": run, "experts_gib": round(experts / 2**30, 3),
             "expert_adapter_states_gib": round(states / 2**30, 3),
+            "expert_adapter_adamw_gib": round(8 * adapter_in_experts(model) / 2**30, 4),
+            "saved_gib": round(saved / 2**30, 4), "tensor_peak_above_start_gib": round(live / 2**30, 4),
             "peak_above_start_gib": round((peak_bytes("cpu") - before) / 2**30, 3),
             "step_s": round(statistics.median(times[1:] or times), 3), "losses": losses}
+
+
+def accounted_step(model, optimizer, ids) -> tuple[int, int]:
+    """(bytes autograd keeps for the backward, beyond the parameters; peak live tensor bytes of one step above the
+    resident set before the steps): the profiler's allocation events summed in time order, plus the optimizer's
+    states (allocated by the first step, alive since)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    live = peak = 0
+    for _, nbytes in sorted((e.start_ns(), e.nbytes()) for e in prof.profiler.kineto_results.events()
+                            if e.name() == "[memory]"):
+        live += nbytes
+        peak = max(peak, live)
+    states = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
+                 if torch.is_tensor(t))
+    return sum(kept.values()), peak + states
 
 
 def main() -> None:
@@ -101,6 +148,14 @@ def main() -> None:
             r["above_frozen_of_experts"] = round((r["peak_above_start_gib"] - frozen["peak_above_start_gib"])
                                                  / r["experts_gib"], 3)
             r["step_vs_frozen"] = round(r["step_s"] / frozen["step_s"], 3)
+            of = 1 / r["experts_gib"]  # above the frozen run, of the expert weights, by tensor
+            r["tensor_above_frozen_of_experts"] = round(
+                (r["tensor_peak_above_start_gib"] - frozen["tensor_peak_above_start_gib"]) * of, 3)
+            r["of_it_adapter_adamw"] = round(r["expert_adapter_adamw_gib"] * of, 3)
+            r["of_it_saved"] = round((r["saved_gib"] - frozen["saved_gib"]) * of, 3)
+            # the rest: the gradients that exist at the peak (during the backward: part of them) and the transients
+            r["of_it_grads_and_transient"] = round(r["tensor_above_frozen_of_experts"] - r["of_it_adapter_adamw"]
+                                                   - r["of_it_saved"], 3)
             rows.append(r)
             print(json.dumps(r), flush=True)
     if args.write:

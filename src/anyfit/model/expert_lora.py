@@ -30,8 +30,9 @@ _DECORATED = ("has_gate", "has_bias", "is_transposed", "has_post_expert_norm")  
 
 def _grouped_mm_works(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether torch's grouped matmul takes these operands: its kernels want 16-byte aligned rows and strides, and
-    exist on CPU (torch 2.9+) and on CUDA from compute capability 8.0."""
-    if not hasattr(torch.nn.functional, "grouped_mm") or x.dtype != w.dtype:
+    exist on CPU (torch 2.9+) and on CUDA from compute capability 8.0, for float32, bfloat16 and float16."""
+    if (not hasattr(torch.nn.functional, "grouped_mm") or x.dtype != w.dtype
+            or x.dtype not in (torch.float32, torch.bfloat16, torch.float16)):
         return False
     if w.device.type == "cuda":
         if torch.cuda.get_device_capability(w.device) < (8, 0):
@@ -57,12 +58,61 @@ def grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Te
     return torch.cat(parts) if parts else x.new_zeros(0, w.size(-1))
 
 
+def grouped_outer(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+    """(experts x a's width x b's width): aᵀ·b over each expert's rows (zeros for an expert without rows), the
+    gradient of a factor; torch's grouped matmul (its 2-D x 2-D form) where it takes the operands, else a loop."""
+    if _grouped_mm_works(a.t(), b):
+        return torch.nn.functional.grouped_mm(a.t(), b, offs=offsets)
+    out, start = a.new_zeros(offsets.numel(), a.size(-1), b.size(-1)), 0
+    for e, end in enumerate(offsets.tolist()):
+        if end > start:
+            out[e] = a[start:end].t() @ b[start:end]
+        start = end
+    return out
+
+
+class LowRankPath(torch.autograd.Function):
+    """s·(x·first)·second over expert-sorted rows, keeping for the backward only the factors as given (views of the
+    adapter's parameters) and the tensor ``x`` is rebuilt from: the layer's token rows (``x = source[index]``, the
+    routed copy is top_k times larger) or the projection's pre-activation that the activation's own backward keeps
+    anyway (``x = act(source)``). Neither the routed rows, the r-wide product nor the factors' contiguous copies
+    stay from the forward to the backward; the backward recomputes them (rank r: a few percent of the base product).
+
+    Written by hand because autograd's grouped_mm keeps its inputs as they are, the very tensors this avoids;
+    ``torch.utils.checkpoint`` would recompute the second product as well, and holds its inputs outside the
+    saved-tensor hooks the planner's test and offloading read. Axolotl's ScatterMoE LoRA and Unsloth's MoE LoRA
+    write this backward by hand for the same reason. Checked against autograd in float64 (gradcheck)."""
+
+    @staticmethod
+    def forward(ctx, x, source, index, first, second, offsets, scaling, act):
+        ctx.save_for_backward(source, index, first, second, offsets)
+        ctx.scaling, ctx.act, ctx.dtype = scaling, act, x.dtype
+        ctx.autocast = (x.device.type, torch.is_autocast_enabled(x.device.type),
+                        torch.get_autocast_dtype(x.device.type))
+        return scaling * grouped(grouped(x, first.contiguous(), offsets), second.contiguous(), offsets)
+
+    @staticmethod
+    def backward(ctx, grad):
+        source, index, first, second, offsets = ctx.saved_tensors
+        device, enabled, dtype = ctx.autocast
+        with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):  # the forward's x, bit for bit
+            x = (source[index] if ctx.act is None else ctx.act(source)).to(first.dtype)
+        first, second = first.contiguous(), second.contiguous()
+        grad = grad.to(first.dtype) * ctx.scaling
+        low = grouped(x, first, offsets)
+        grad_low = grouped(grad, second.transpose(-2, -1), offsets)
+        grad_x = grouped(grad_low, first.transpose(-2, -1), offsets).to(ctx.dtype) if ctx.needs_input_grad[0] else None
+        return (grad_x, None, None, grouped_outer(x, grad_low, offsets), grouped_outer(low, grad, offsets),
+                None, None, None)
+
+
 Factors = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # parameter -> (lhs, rhs, scaling): W + s·lhs@rhs
 
 
 def _project(experts: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor,
-             factors: Factors) -> torch.Tensor:
-    """One fused projection for expert-sorted rows: base product, bias, and the low-rank path of ``factors[name]``."""
+             factors: Factors, rebuild: tuple) -> torch.Tensor:
+    """One fused projection for expert-sorted rows: base product, bias, and the low-rank path of ``factors[name]``
+    (``rebuild``: (source, index, act) that give ``x`` back in the backward, see ``LowRankPath``)."""
     w = getattr(experts, name)
     transposed = experts.is_transposed  # (experts, in, out) rather than (experts, out, in)
     y = grouped(x, w if transposed else w.transpose(-2, -1), offsets)
@@ -72,8 +122,7 @@ def _project(experts: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tens
         lhs, rhs, scaling = factors[name]
         # the delta is lhs @ rhs in the tensor's own layout: x·(lhs·rhs) transposed, x·rhsᵀ·lhsᵀ otherwise
         first, second = (lhs, rhs) if transposed else (rhs.transpose(-2, -1), lhs.transpose(-2, -1))
-        low = grouped(x, first.contiguous(), offsets)
-        y = y + scaling * grouped(low, second.contiguous(), offsets)
+        y = y + LowRankPath.apply(x, *rebuild[:2], first, second, offsets, scaling, rebuild[2])
     return y
 
 
@@ -84,10 +133,12 @@ def split_forward(experts: nn.Module, factors: Factors, hidden_states: torch.Ten
     tokens, top_k = top_k_index.shape
     ids, order = torch.sort(top_k_index.reshape(-1), stable=True)
     offsets = torch.cumsum(torch.bincount(ids, minlength=experts.num_experts), 0).to(torch.int32)
-    x = hidden_states[order // top_k]
-    h = _project(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offsets, ids, factors)
-    h = experts._apply_gate(h) if experts.has_gate else experts.act_fn(h)
-    y = _project(experts, "down_proj", h, offsets, ids, factors)
+    rows = order // top_k
+    x = hidden_states[rows]
+    pre = _project(experts, "gate_up_proj" if experts.has_gate else "up_proj", x, offsets, ids, factors,
+                   (hidden_states, rows, None))
+    act = experts._apply_gate if experts.has_gate else experts.act_fn
+    y = _project(experts, "down_proj", act(pre), offsets, ids, factors, (pre, None, act))
     if experts.has_post_expert_norm:
         y = experts.post_expert_norm(y)
     y = y * top_k_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
@@ -155,6 +206,11 @@ def split_wrapper() -> type:
     if not _WRAPPER:
         _WRAPPER.append(_lora_wrapper())
     return _WRAPPER[0]
+
+
+def splits_in(model: nn.Module) -> bool:
+    """Whether any adapter of ``model`` takes the split path (what the run's FLOPs count, ``ModelFlops.of``)."""
+    return bool(_WRAPPER) and any(isinstance(m, _WRAPPER[0]) for m in model.modules())
 
 
 def split_expert_classes(model: nn.Module, parameters: list[str], r: int) -> tuple[dict[type, type], list[str]]:

@@ -200,12 +200,29 @@ class ModelShape:
         share = self.experts_per_token / self.num_experts if self.num_experts else 0.0
         return round(share * sum(p.d_in * p.d_out * p.count for p in self.experts if p.name in targets))
 
-    def lora_flops(self, r: int, spec: list[str] | str = "auto", experts: bool = True) -> float:
+    def lora_flops(self, r: int, spec: list[str] | str = "auto", experts: bool = True, split: bool = False) -> float:
         """Training FLOPs per token that LoRA adds to the frozen base's 4 x ``active_matmul_params``: 6 per adapter
-        parameter of a linear layer; on a fused expert tensor PEFT folds the adapter into the weight (W + BA, once
-        per forward) and takes that folded tensor's whole gradient, so the token's experts cost their weight
-        gradient (2 per weight) as in full fine-tuning, and their adapters run per micro-batch, not per token."""
-        return 6.0 * self.lora_params(r, spec, experts=False) + 2.0 * self.folded_expert_params(spec, experts)
+        parameter of a linear layer; on the fused expert tensors ``split_lora_flops`` for the split path
+        (``split``), else PEFT's: it folds the adapter into the weight (W + BA, once per forward) and takes that
+        folded tensor's whole gradient, so the token's experts cost their weight gradient (2 per weight) as in full
+        fine-tuning, and their adapters run per micro-batch, not per token."""
+        linear = 6.0 * self.lora_params(r, spec, experts=False)
+        if split and experts:
+            return linear + self.split_lora_flops(self.lora_params(r, spec) - self.lora_params(r, spec, False), spec)
+        return linear + 2.0 * self.folded_expert_params(spec, experts)
+
+    def split_lora_flops(self, adapter: int, spec: list[str] | str = "auto") -> float:
+        """FLOPs per token of ``adapter`` parameters on the targeted fused expert tensors computed as base plus
+        low-rank path (anyfit.model.expert_lora.LowRankPath) in the token's top_k experts: the two thin products
+        forward, their input and factor gradients backward (6 per adapter parameter, as a linear layer's), and the
+        backward's recompute of x·A (2 x r x d_in)."""
+        targets = set(self.lora_targets(spec))
+        fused = [p for p in self.experts if p.name in targets]
+        both = sum((p.d_in + p.d_out) * p.count for p in fused)
+        if not both or not self.num_experts:
+            return 0.0
+        reading = sum(p.d_in * p.count for p in fused) / both  # the share of an adapter's parameters in A
+        return self.experts_per_token / self.num_experts * adapter * (6.0 + 2.0 * reading)
 
     def describe(self) -> str:
         tied = "tied" if self.tie_word_embeddings else "untied"

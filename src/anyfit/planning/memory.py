@@ -367,14 +367,13 @@ def splits_experts(shape: ModelShape, setup: Setup) -> bool:
 
 
 def split_expert_inputs(shape: ModelShape, setup: Setup, a: int) -> float:
-    """Bytes per token per layer the split path keeps for the adapters' gradients: each adapted tensor's input rows
-    (its top_k token-expert pairs, sorted by expert; the frozen experts' products keep none) and the r-wide
-    low-rank product, in the activations' dtype."""
+    """Bytes per token per layer the split path keeps for the adapters' gradients beyond the frozen-expert run: the
+    layer's token rows (once, not the top_k routed copies) when the tensor that reads them (gate/up) is adapted. The
+    routed rows, the down projection's input (rebuilt from the pre-activation its activation keeps anyway) and the
+    r-wide products are rebuilt in the backward (anyfit.model.expert_lora.LowRankPath)."""
     if not splits_experts(shape, setup):
         return 0.0
-    layers, k = max(1, shape.num_layers), shape.experts_per_token
-    return sum(p.count / max(1, shape.num_experts) / layers * k * (p.d_in + setup.lora_r) * a
-               for p in _adapted_experts(shape, setup))
+    return shape.hidden_size * a if any(p.name != "down_proj" for p in _adapted_experts(shape, setup)) else 0.0
 
 
 def folded_expert_bytes(shape: ModelShape, setup: Setup) -> tuple[int, int]:
@@ -387,18 +386,17 @@ def folded_expert_bytes(shape: ModelShape, setup: Setup) -> tuple[int, int]:
     checkpointed; in the backward one layer's folded copy (recomputed or kept) and its gradient, both of the
     tensor's size, exist at once.
 
-    The split path: the low-rank factors in the layout the grouped matmuls take (a copy of the adapter in the
-    weights' dtype, kept for the backward), per MoE layer; its per-token part is ``split_expert_inputs``.
-    Measured on a tiny model: tests/unit/planning/test_moe_plan.py."""
+    The split path keeps views of the factors (nothing); the backward makes one layer's factors contiguous for the
+    grouped matmuls (a copy of that layer's adapter in the weights' dtype); its per-token part is
+    ``split_expert_inputs``. Measured on a tiny model: tests/unit/planning/test_moe_plan.py."""
     fused = _adapted_experts(shape, setup)
     if not fused:
         return 0, 0
     moe_layers = max(1, fused[0].count // max(1, shape.num_experts))
     dtype = 4 if setup.method == "qlora" and setup.qlora_upcast else setup.weight_bytes  # experts are never 4-bit
     if splits_experts(shape, setup):
-        per_layer = sum(setup.lora_r * (p.d_in + p.d_out) * p.count for p in fused) // moe_layers * dtype
-    else:
-        per_layer = sum(p.d_in * p.d_out * p.count for p in fused) // moe_layers * dtype
+        return 0, sum(setup.lora_r * (p.d_in + p.d_out) * p.count for p in fused) // moe_layers * dtype
+    per_layer = sum(p.d_in * p.d_out * p.count for p in fused) // moe_layers * dtype
     recomputed = round(moe_layers * setup.checkpointed_layers(shape.num_layers) / max(1, shape.num_layers))
     return (moe_layers - recomputed) * per_layer, 2 * per_layer
 

@@ -28,7 +28,8 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     Matmuls: 2N forward, 2N for the input gradients, 2N for the weight gradients (6N for full fine-tuning,
     N = body projection weights + the output head; in a mixture of experts the token's top_k routed experts, not
     all: ``ModelShape.active_matmul_params``). A frozen base skips the weight gradients: 4N plus 6x the adapter
-    parameters (``ModelShape.lora_flops``: LoRA on fused experts costs their weight gradient instead). Gradient
+    parameters (``ModelShape.lora_flops``: LoRA on fused experts as base plus low-rank path costs 6x its active adapter
+    parameters plus a recompute of x·A; PEFT's folded path their weight gradient instead). Gradient
     checkpointing repeats the forward of the checkpointed layers (+2 N_body on every layer, +2 N_body / k with
     ``checkpoint_every`` = k).
     Attention (PaLM's count, no causal discount): 4 x layers x q_dim x seq forward, twice that backward,
@@ -42,7 +43,8 @@ def flops_per_token(shape: ModelShape, setup: Setup) -> float:
     head = shape.vocab_size * shape.hidden_size
     mm = 6 * n_mm
     if setup.lora:
-        mm = 4 * n_mm + shape.lora_flops(setup.lora_r, setup.lora_targets, setup.lora_experts)
+        split = setup.lora_split_experts and shape.experts_split  # expert LoRA as base plus low-rank path
+        mm = 4 * n_mm + shape.lora_flops(setup.lora_r, setup.lora_targets, setup.lora_experts, split)
     mm -= (1 - setup.trained_share) * (4 if setup.lora else 6) * head  # no logits at untrained positions
     attn_fwd = 4 * shape.num_layers * shape.q_dim * setup.seq_len
     attention = 3 * attn_fwd

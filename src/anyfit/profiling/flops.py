@@ -45,16 +45,16 @@ class ModelFlops:
     attention_per_square: float  # x len^2 of each example
 
     @classmethod
-    def of(cls, shape: ModelShape, lora_params: int = 0, in_experts: int = 0) -> "ModelFlops":
+    def of(cls, shape: ModelShape, lora_params: int = 0, in_experts: int = 0, split: bool = False) -> "ModelFlops":
         """``lora_params``: trainable adapter parameters (0: full fine-tuning, every weight trains); ``in_experts``:
-        those on fused MoE expert tensors (``anyfit.model.moe.adapter_in_experts``), which PEFT folds into the weight:
-        the token's experts then cost their weight gradient, and those adapters nothing per token
-        (``ModelShape.lora_flops``)."""
+        those on fused MoE expert tensors (``anyfit.model.moe.adapter_in_experts``): computed as base plus low-rank
+        path (``split``, ``ModelShape.split_lora_flops``) or folded into the weight by PEFT, where the token's
+        experts cost their weight gradient, and those adapters nothing per token (``ModelShape.lora_flops``)."""
         head = shape.vocab_size * shape.hidden_size
         body_weights = shape.active_body_params  # a mixture of experts: the token's top_k experts
         if lora_params:
-            folded = shape.folded_expert_params() if in_experts else 0
-            body, head_flops = 4 * body_weights + 6 * (lora_params - in_experts) + 2 * folded, 4 * head
+            experts = shape.split_lora_flops(in_experts) if split else 2 * shape.folded_expert_params() * bool(in_experts)
+            body, head_flops = 4 * body_weights + 6 * (lora_params - in_experts) + experts, 4 * head
         else:
             body, head_flops = 6 * body_weights, 6 * head
         return cls(float(body), float(head_flops), 12.0 * shape.num_layers * shape.q_dim)

@@ -32,6 +32,7 @@ from anyfit.data.prepare import data_fingerprint, prepare_training_data
 from anyfit.hardware.runtime import RuntimePolicy, make_accelerator, resolve_runtime
 from anyfit.model.processor import load_processor
 from anyfit.model.tokenizer import load_tokenizer
+from anyfit.model.expert_lora import splits_in
 from anyfit.model.moe import adapter_in_experts
 from anyfit.model.shape import shape_from_config
 from anyfit.model.source import ModelSource
@@ -170,7 +171,8 @@ def set_up(cfg: Config, policy: RuntimePolicy, accelerator, say, loss_fn) -> Run
     parts.model.train()
     flops = ModelFlops.of(shape_from_config(loaded.model.config),
                           loaded.trainable if cfg.lora.enabled or cfg.lora.qlora else 0,
-                          adapter_in_experts(loaded.model))  # LoRA on fused MoE experts (ModelShape.lora_flops)
+                          adapter_in_experts(loaded.model),  # LoRA on fused MoE experts (ModelShape.lora_flops)
+                          splits_in(loaded.model))
     peak = device_peak(policy.device, policy.precision)
     base = watch_base(parts, resumed=resume_from is not None)
     parts.train_loss = base.loss

@@ -5,7 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 from moe_families import CURRENT_MOE
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from anyfit.data.batching import collate
@@ -104,3 +106,47 @@ def test_moe_flops_count_the_active_experts(family):
         per_length[experts] = (_counted(model, _examples([40])) - _counted(model, _examples([12])), modelled)
     (counted_exp, modelled_exp), (counted_no, modelled_no) = per_length[True], per_length[False]
     assert modelled_exp - modelled_no == counted_exp - counted_no > 0
+
+
+class _GroupedFlops(TorchDispatchMode):
+    """FLOPs of torch's grouped matmuls (torch's FlopCounterMode has no CPU formula for them): 2 per multiply-add,
+    rows x columns of the 2-D x 3-D form, the group dimension summed over in the 2-D x 2-D (weight gradient) form."""
+
+    def __init__(self):
+        super().__init__()
+        self.flops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._grouped_mm.default:
+            a, b = args[0], args[1]
+            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[-1]
+        return func(*args, **(kwargs or {}))
+
+
+@CURRENT_MOE
+@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
+def test_split_expert_lora_flops_are_what_its_products_count(family):
+    """LoRA on the experts as base plus low-rank path: per token, its active experts' adapters cost 6 per parameter
+    plus the backward's recompute of x·A (ModelShape.split_lora_flops), what the grouped matmuls of the run with
+    expert adapters count beyond the frozen-expert run's (between two lengths; every token has top_k experts)."""
+    from moe_families import moe_config, moe_model
+
+    from anyfit.config import LoraConfig
+    from anyfit.model.expert_lora import splits_in
+    from anyfit.model.loading import apply_lora, count_parameters
+    from anyfit.model.moe import adapter_in_experts
+
+    shape = shape_from_config(moe_config(family))
+    counted, modelled = {}, {}
+    for experts in (True, False):
+        model = apply_lora(moe_model(family), LoraConfig(enabled=True, r=4, dropout=0.0, experts=experts))
+        assert splits_in(model) == experts
+        flops = ModelFlops.of(shape, count_parameters(model)[0], adapter_in_experts(model), splits_in(model))
+        modelled[experts] = flops.of_examples([40], [37]) - flops.of_examples([12], [9])
+        per_length = []
+        for n in (40, 12):
+            with _GroupedFlops() as mode:
+                token_loss_sum(model, collate(_examples([n]), pad_id=0, packed=True)).backward()
+            per_length.append(mode.flops)
+        counted[experts] = per_length[0] - per_length[1]
+    assert modelled[True] - modelled[False] == counted[True] - counted[False] > 0
