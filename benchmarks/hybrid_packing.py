@@ -111,7 +111,7 @@ def paired_steps(family: str, args: argparse.Namespace) -> dict[str, Any]:
     """Forward and backward of the same micro-batches (``--batch`` examples drawn at random, sorted by length as
     anyfit's sampler does), packed as the self-test decides and padded through transformers' SDPA, one after the other,
     ``--step-pairs`` times: on a shared machine whose speed swings within a run, a pair a second apart is the fairest
-    comparison. Returns each side's median tokens/s and the median of the pairs' ratios."""
+    comparison. Returns each side's median tokens/s and the median (and range) of the pairs' ratios."""
     import functools
     import time
 
@@ -146,7 +146,7 @@ def paired_steps(family: str, args: argparse.Namespace) -> dict[str, Any]:
         rates["padded"].append(tokens / padded)
         ratios.append(padded / packed)
     return {"line": verdict.line, "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()},
-            "speedup": statistics.median(ratios), "pairs": args.step_pairs}
+            "speedup": statistics.median(ratios), "range": [min(ratios), max(ratios)], "pairs": args.step_pairs}
 
 
 def twin_models(config):
@@ -222,7 +222,8 @@ def main() -> None:
     for family in args.models.split(","):
         steps = paired_steps(family, args)
         print(f"[{family} step pairs] packed {steps['tokens_per_s']['packed']:,.0f}, padded "
-              f"{steps['tokens_per_s']['padded']:,.0f} tokens/s, packed / padded {steps['speedup']:.2f}x", flush=True)
+              f"{steps['tokens_per_s']['padded']:,.0f} tokens/s, packed / padded {steps['speedup']:.2f}x "
+              f"(min {steps['range'][0]:.2f}x, max {steps['range'][1]:.2f}x over {steps['pairs']} pairs)", flush=True)
         runs = measure(family, args, out) if args.pairs else {"model": family}
         results.append({**runs, "step_pairs": steps})
     (out / "results.json").write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=1))
