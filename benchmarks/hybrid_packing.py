@@ -39,18 +39,21 @@ from speed_vs_trl import (Workload, anyfit_spec, build_random_model, environment
 RUNS = {"packed": "anyfit", "padded": "anyfit-no-packing"}  # this benchmark's name -> speed_vs_trl's variant
 
 
-def model_config(family: str):
+def model_config(family: str, hidden: int = 128):
+    """The tiny model of ``family``; ``hidden`` widens it (heads of 32, MLP and state widths scaled alike) from
+    the default 128 to a width where matrix products, not per-operation overhead, fill the step."""
     from transformers import AutoConfig
 
-    small = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=32, vocab_size=1000, max_position_embeddings=2048,
+    heads = hidden // 32
+    small = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=4, num_attention_heads=heads,
+                 num_key_value_heads=heads // 2, head_dim=32, vocab_size=1000, max_position_embeddings=2048,
                  tie_word_embeddings=True)
     if family == "qwen3_5":
         return AutoConfig.for_model("qwen3_5_text", **small, layer_types=["linear_attention"] * 3 + ["full_attention"],
-                                    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=32,
-                                    linear_value_head_dim=32)
-    return AutoConfig.for_model("falcon_h1", **small, mamba_d_ssm=256, mamba_n_heads=8, mamba_d_head=32,
-                                mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=64)
+                                    linear_num_key_heads=heads // 2, linear_num_value_heads=heads,
+                                    linear_key_head_dim=32, linear_value_head_dim=32)
+    return AutoConfig.for_model("falcon_h1", **small, mamba_d_ssm=2 * hidden, mamba_n_heads=2 * heads,
+                                mamba_d_head=32, mamba_n_groups=1, mamba_d_state=16, mamba_chunk_size=64)
 
 
 def chat_rows(n: int, vocab: int, seed: int) -> list[dict[str, list[int]]]:
@@ -64,7 +67,7 @@ def chat_rows(n: int, vocab: int, seed: int) -> list[dict[str, list[int]]]:
 
 def workload(family: str, args: argparse.Namespace, work: Path) -> Workload:
     model_dir, data = work / "model", work / "data.jsonl"
-    vocab = build_random_model(model_dir, tiny=True, config=model_config(family))
+    vocab = build_random_model(model_dir, tiny=True, config=model_config(family, args.hidden))
     rows = chat_rows(args.examples, vocab, args.seed)
     write_rows(rows, data)
     config = json.loads((model_dir / "config.json").read_text())
@@ -108,29 +111,23 @@ def paired_steps(family: str, args: argparse.Namespace) -> dict[str, Any]:
     """Forward and backward of the same micro-batches (``--batch`` examples drawn at random, sorted by length as
     anyfit's sampler does), packed as the self-test decides and padded through transformers' SDPA, one after the other,
     ``--step-pairs`` times: on a shared machine whose speed swings within a run, a pair a second apart is the fairest
-    comparison. Returns each side's median tokens/s and the median of the pairs' ratios."""
+    comparison. Returns each side's median tokens/s and the median (and range) of the pairs' ratios."""
     import functools
     import time
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     from anyfit.data.batching import IGNORE_INDEX, collate
-    from anyfit.model.attention import register
     from anyfit.training.loss import token_loss_sum
     from anyfit.training.packing_check import choose_packing
 
-    config = model_config(family)
+    config = model_config(family, args.hidden)
     config.pad_token_id = config.vocab_size - 1
     rows = chat_rows(args.batch * args.step_pairs, config.vocab_size, args.seed)
     examples = _Lengths({"input_ids": r["input_ids"], "labels": [t if m else IGNORE_INDEX for t, m in
                                                                  zip(r["input_ids"], r["completion_mask"])]}
                         for r in rows)
-    register()
-    torch.manual_seed(0)
-    packed_model = AutoModelForCausalLM.from_config(config, attn_implementation="anyfit_varlen")
-    torch.manual_seed(0)
-    padded_model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    packed_model, padded_model = twin_models(config)
     verdict = choose_packing(packed_model, examples, functools.partial(collate, pad_id=config.pad_token_id),
                              1024, "cpu", torch.float32)
 
@@ -149,7 +146,27 @@ def paired_steps(family: str, args: argparse.Namespace) -> dict[str, Any]:
         rates["padded"].append(tokens / padded)
         ratios.append(padded / packed)
     return {"line": verdict.line, "tokens_per_s": {k: statistics.median(v) for k, v in rates.items()},
-            "speedup": statistics.median(ratios), "pairs": args.step_pairs}
+            "speedup": statistics.median(ratios), "range": [min(ratios), max(ratios)], "pairs": args.step_pairs}
+
+
+def twin_models(config):
+    """The same random model twice: for packed rows (``anyfit_varlen``) and for padded ones (transformers' SDPA).
+    Each gets its own copy of ``config``: ``from_config`` sets the attention on the config object it is given, so
+    a shared one would switch the packed model to SDPA too (its packed rows then run transformers' dense block mask
+    over the whole row, which the step pairs before 2026-11-28 measured)."""
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from anyfit.model.attention import register
+
+    register()
+    torch.manual_seed(0)
+    packed = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="anyfit_varlen")
+    torch.manual_seed(0)
+    padded = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa")
+    return packed, padded
 
 
 class _Lengths(list):
@@ -193,6 +210,7 @@ def main() -> None:
     p.add_argument("--examples", type=int, default=2000)
     p.add_argument("--batch", type=int, default=16, help="examples per step (one micro-batch)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=128, help="model width (128: the tiny models above)")
     p.add_argument("--pairs", type=int, default=3, help="runs of each variant, in turn")
     p.add_argument("--step-pairs", type=int, default=12, help="micro-batches timed packed then padded, in-process")
     args = p.parse_args()
@@ -204,7 +222,8 @@ def main() -> None:
     for family in args.models.split(","):
         steps = paired_steps(family, args)
         print(f"[{family} step pairs] packed {steps['tokens_per_s']['packed']:,.0f}, padded "
-              f"{steps['tokens_per_s']['padded']:,.0f} tokens/s, packed / padded {steps['speedup']:.2f}x", flush=True)
+              f"{steps['tokens_per_s']['padded']:,.0f} tokens/s, packed / padded {steps['speedup']:.2f}x "
+              f"(min {steps['range'][0]:.2f}x, max {steps['range'][1]:.2f}x over {steps['pairs']} pairs)", flush=True)
         runs = measure(family, args, out) if args.pairs else {"model": family}
         results.append({**runs, "step_pairs": steps})
     (out / "results.json").write_text(json.dumps({"env": env, "args": vars(args), "results": results}, indent=1))

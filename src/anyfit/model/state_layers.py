@@ -11,8 +11,8 @@ hooks on the model's own modules (no class changed, every parameter keeps its na
 - ``PER_EXAMPLE``: each state layer (``anyfit.model.packing.state_modules``) takes the row's examples as rows of their
   own, right-padded, with the padding mask padded batches give it; its output is laid back into the packed row.
   Attention, MLPs and the output layer still run on the packed row. Exact for any causal layer: a position reads only
-  its own example's earlier positions, and the padding comes after them. Examples of similar lengths share a call
-  (a new group wherever padding would more than double a group's tokens), so the padding stays small.
+  its own example's earlier positions, and the padding comes after them. Examples that span the same number of the
+  layer's chunks share a call (``_Layout``), so the padding stays small.
 
 ``anyfit.training.packing_check`` tries them on the user's model and keeps the first that gives what one example at a
 time gives. A wrapper module would rename the layer's parameters (checkpoints, PEFT targets, optimizer state); a
@@ -33,6 +33,9 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from anyfit.model.packing import state_modules
 
 KERNELS, PER_EXAMPLE = "kernels", "per_example"
+# The chunk of a state layer that names none: transformers' chunked gated delta rule (and flash-linear-attention's)
+# works in chunks of 64 positions; a layer without chunks (a short convolution) loses nothing to the grouping by it.
+CHUNK = 64
 # Keywords that describe the packed row: a layer that runs on the examples as rows must not read them.
 _ROW_KEYWORDS = ("packed_lengths", "cu_seq_lens", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k",
                  "seq_idx")
@@ -65,20 +68,25 @@ class _Group:
 
 
 class _Layout:
-    """A packed row of ``lengths`` as groups of right-padded rows: longest first, a new group wherever padding to the
-    group's longest would more than double its tokens (so a short example never pays for a long one's length, and
-    rows of similar lengths, the usual micro-batch, stay one call)."""
+    """A packed row of ``lengths`` as groups of right-padded rows, longest first. A group holds examples that span the
+    same number of ``chunk``-token chunks, and a new one starts where padding would add more than a quarter
+    (``PADDING``) to a group's tokens. Why: the chunked PyTorch paths of these layers (transformers' gated delta rule,
+    Mamba-2's scan) pad every row to whole chunks and pay per chunk, and a call's own cost (its projections, its Python
+    loop over chunks) is paid once per group; so grouping by chunk count computes no chunk that the example alone would
+    not, in few calls. Measured on the state layers alone (``benchmarks/hybrid_profile.py``): 2.0x the padded rows'
+    speed, where groups that stop only at double the padding were 1.2x (BENCHMARKS.md, 'Hybrid packing')."""
 
-    WASTE = 2.0
+    PADDING = 1.25
 
-    def __init__(self, lengths: tuple[int, ...], device):
-        self.lengths, self.total = lengths, sum(lengths)
+    def __init__(self, lengths: tuple[int, ...], device, chunk: int = 1):
+        self.lengths, self.chunk, self.total = lengths, chunk, sum(lengths)
         starts = [sum(lengths[:i]) for i in range(len(lengths))]
         order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
         groups: list[list[tuple[int, int]]] = []
         for i in order:
             group = groups[-1] if groups else None
-            if group and (len(group) + 1) * group[0][1] <= self.WASTE * (sum(n for _, n in group) + lengths[i]):
+            if (group and -(-lengths[i] // chunk) == -(-group[0][1] // chunk)
+                    and (len(group) + 1) * group[0][1] <= self.PADDING * (sum(n for _, n in group) + lengths[i])):
                 group.append((starts[i], lengths[i]))
             else:
                 groups.append([(starts[i], lengths[i])])
@@ -129,9 +137,11 @@ class Boundaries:
         if "packed_lengths" in kwargs:
             self.lengths = kwargs["packed_lengths"]
 
-    def _layout(self, lengths: tuple[int, ...], device) -> _Layout:
-        if self._last is None or self._last.lengths != lengths or self._last.device != device:
-            self._last = _Layout(tuple(lengths), device)
+    def _layout(self, lengths: tuple[int, ...], device, chunk: int) -> _Layout:
+        """The row's layout, built once per micro-batch and reused by every state layer with the same chunk."""
+        last = self._last
+        if last is None or last.lengths != lengths or last.device != device or last.chunk != chunk:
+            self._last = _Layout(tuple(lengths), device, chunk)
         return self._last
 
     def _split(self, module, args, kwargs):
@@ -146,7 +156,8 @@ class Boundaries:
         if not row:
             raise BoundaryError(f"{type(module).__name__} got no packed row of {total} tokens "
                                 f"({len(lengths)} examples): its example boundaries are not those of its input")
-        layout = self._layout(tuple(lengths), row[0].device)
+        chunk = getattr(module, "chunk_size", None)  # Mamba-2 mixers name theirs
+        layout = self._layout(tuple(lengths), row[0].device, chunk if type(chunk) is int and chunk > 0 else CHUNK)
         kwargs = {k: v for k, v in kwargs.items() if k not in _ROW_KEYWORDS}
         self._layouts[id(module)] = (layout, args, kwargs, row)
         return _inputs(layout.groups[0], args, kwargs, row)

@@ -29,16 +29,19 @@ class Toy(nn.Module):
         return self.mixer(hidden_states=x, attention_mask=None) * 2.0
 
 
-def test_groups_of_similar_lengths():
-    """Longest first; a new group where padding would more than double the group's tokens (3 after 100 and 5)."""
-    layout = _Layout((3, 100, 5), "cpu")
-    assert [(g.rows, g.longest) for g in layout.groups] == [(2, 100), (1, 3)]
-    row = torch.arange(108.0)[None, :, None]
+def test_groups_of_the_same_chunk_count():
+    """Longest first; a group holds examples of the same number of chunks (100 and 70: two chunks of 64; 60, 5 and 3:
+    one), and a new one starts where padding would add more than a quarter of its tokens (5 after 60)."""
+    lengths = (3, 100, 5, 60, 70)
+    layout = _Layout(lengths, "cpu", chunk=64)
+    assert [(g.rows, g.longest) for g in layout.groups] == [(2, 100), (1, 60), (2, 5)]
+    row = torch.arange(float(sum(lengths)))[None, :, None]
     assert torch.equal(layout.merge([g.pad(row) for g in layout.groups]), row)
+    assert len(_Layout(lengths, "cpu").groups) == 5  # chunks of one position: every length its own group
 
 
 def test_each_example_starts_from_an_empty_state():
-    lengths = (40, 3, 100, 5)  # two groups: (100, 40), (5, 3)
+    lengths = (40, 3, 100, 5)  # three groups: (100), (40), (5, 3)
     x = torch.randn(1, sum(lengths), 4, requires_grad=True)
     toy = Toy()
     hooks = Boundaries(toy, PER_EXAMPLE)
