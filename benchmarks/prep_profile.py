@@ -3,7 +3,9 @@ parent, the fork server, each worker) under cProfile, and the CPU seconds of the
 against ``benchmarks/prep_floor.py``'s on the same records.
 
     uv run python benchmarks/prep_profile.py --rows 50000 --num-proc 2
-    (--work: data_scale.py's folder, whose data, tokenizer and config it reuses; --runs N: unprofiled CPU runs)
+    uv run python benchmarks/prep_profile.py --stages 6144      # the workers' work, stage by stage, in one process
+    (--work: data_scale.py's folder, whose data, tokenizer and config it reuses; --runs N: unprofiled CPU runs;
+    --hooked floor,prepare: the commands run once more with each process's CPU seconds printed)
 
 The hook lives only here: a ``sitecustomize.py`` written into a temporary folder put first on the children's
 PYTHONPATH. It starts cProfile when the interpreter starts, restarts it in every process ``multiprocessing``
@@ -31,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from data_scale import ROOT, child_env, dataset, tiny_model, tokenizer_dir, write_config  # noqa: E402
+from data_scale import ROOT, child_env, dataset, tiny_model, tokenizer_dir, write_config
 
 HOOK = '''
 import atexit, cProfile, os, sys, time
@@ -142,6 +144,80 @@ def profiled(cmd: list[str], env: dict[str, str], top: int) -> None:
             print(f"    {tt:7.2f} own {ct:7.2f} cum {nc:>9} x {name} ({where})")
 
 
+def stages(work: Path, rows: int, count: int) -> None:
+    """In this process, on the first ``count`` records (after the first batch) of the ``rows`` data set: the floor's
+    per-batch work against the store worker's, whole and stage by stage, in CPU milliseconds a record."""
+    import itertools
+    import json
+    import pickle
+
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # as in both kinds of worker
+    import prep_floor
+    from transformers import AutoTokenizer
+
+    from anyfit.config import load_config
+    from anyfit.data import store
+    from anyfit.data.formats import resolve_fields, to_examples
+    from anyfit.data.sources import iter_records
+    from anyfit.data.store_writer import Packed
+    from anyfit.data.templates import render
+    from anyfit.data.tokenization import _tokenize_renderings, tokenize_each
+
+    commands(work, rows, 1)  # the data, tokenizer and config, made if missing
+    cfg = load_config(work / f"config-{rows}.yaml").data
+    tok = AutoTokenizer.from_pretrained(work / "tiny-qwen2")
+    batches = list(itertools.islice(iter_records(cfg, 1024), 1 + -(-count // 1024)))[1:]  # as a worker gets them
+    with open(cfg.path, encoding="utf-8") as f:
+        lines = list(itertools.islice(f, 1024, 1024 + sum(map(len, batches))))
+    n = len(lines)
+    rest = resolve_fields(batches[0][0], cfg)
+    store._init_worker(tok, rest, None)
+    prep_floor._TOK = tok
+    spent: dict[str, float] = collections.defaultdict(float)
+
+    def timed(name, fn, *args):
+        t0 = time.process_time()
+        out = fn(*args)
+        spent[name] += time.process_time() - t0
+        return out
+
+    def floor_whole():
+        return [prep_floor._work(lines[i:i + 1024]) for i in range(0, n, 1024)]
+
+    def anyfit_whole():
+        return [store._tokenize_in_worker(list(b), store._places(b), 1024 * (k + 1)) for k, b in enumerate(batches)]
+
+    def sent(batch, first):  # what the parent sends a worker
+        return pickle.dumps((list(batch), store._places(batch), first))
+
+    def rendered(examples):
+        return [r for e in examples for r in render(e, tok, rest)]
+
+    def floor_rendered(part):
+        return [tok.apply_chat_template(json.loads(line)["messages"], tokenize=False) for line in part]
+
+    backend = tok.backend_tokenizer
+    for rep in (1, 2):  # whole, twice in turn
+        timed(f"floor: prep_floor._work ({rep})", floor_whole)
+        timed(f"anyfit: store._tokenize_in_worker ({rep})", anyfit_whole)
+    for k, b in enumerate(batches):
+        first = 1024 * (k + 1)
+        blob = timed("anyfit: pickle the batch (parent)", sent, b, first)
+        timed("anyfit: unpickle it (worker)", pickle.loads, blob)
+        examples = timed("anyfit: to_examples", to_examples, b, rest, first)
+        renderings = timed("anyfit: render (chat_parts)", rendered, examples)
+        timed("floor: render", floor_rendered, lines[k * 1024:(k + 1) * 1024])
+        texts = ["".join(s.text for s in r.segments) for r in renderings]
+        timed("anyfit: encode_batch (offsets)", backend.encode_batch, texts, False)
+        timed("floor: encode_batch_fast", backend.encode_batch_fast, texts, False)
+        timed("anyfit: _tokenize_renderings", _tokenize_renderings, renderings, tok, rest)
+        results = timed("anyfit: tokenize_each", tokenize_each, examples, tok, rest)
+        timed("anyfit: Packed.of", Packed.of, results, b, rest.source_column)
+    print(f"{n:,} records, CPU ms a record")
+    for name, seconds in spent.items():
+        print(f"  {name:40s} {1000 * seconds / n:.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=50000)
@@ -151,7 +227,11 @@ def main() -> None:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--no-profile", action="store_true")
     p.add_argument("--hooked", default="floor,prepare", help="commands run with the per-process CPU hook")
+    p.add_argument("--stages", type=int, default=0, metavar="RECORDS", help="instead: the workers' work by stage")
     args = p.parse_args()
+    if args.stages:
+        stages(Path(args.work), args.rows, args.stages)
+        return
     ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER (Linux)
     work = Path(args.work)
     cmds = commands(work, args.rows, args.num_proc)
@@ -159,7 +239,7 @@ def main() -> None:
     print(f"{args.rows:,} records, {args.num_proc} process(es); load {os.getloadavg()[0]:.1f}")
     for _ in range(args.runs):
         for name, cmd in cmds.items():
-            wall, cpu, rss = cpu_of(fresh(cmd), env)
+            wall, cpu, _ = cpu_of(fresh(cmd), env)
             print(f"  {name}: wall {wall:.1f} s, tree CPU {cpu:.1f} s = {1000 * cpu / args.rows:.3f} ms a record, "
                   f"load {os.getloadavg()[0]:.1f}")
     for name in args.hooked.split(","):
