@@ -84,9 +84,14 @@ class ChatTemplate:
         self.tokenizer, self.place, self.tools = tokenizer, place, tools
         self.options = options or TemplateOptions()
         self.source = template_text(tokenizer)
-        self.name = template_name(tokenizer)
         self.empty_think = 0  # turns whose empty think block was found (kept as context unless trained)
         self.next_header_stop = 0  # turns given the next turn's header as their stop (with_stop)
+
+    @functools.cached_property
+    def name(self) -> str:
+        """How errors name the template: asked for by errors only (a ChatTemplate is made per record, and finding the
+        name builds a path)."""
+        return template_name(self.tokenizer)
 
     @functools.cached_property
     def traits(self) -> Traits:

@@ -344,8 +344,11 @@ def _tokenize_segments(renderings: Sequence[Rendering], tokenizer: PreTrainedTok
             masked = [IGNORE_INDEX] * len(ids)
             for a, b in ranges:
                 masked[a:b] = ids[a:b]
-            input_ids += ids
-            labels += masked
+            if input_ids:
+                input_ids += ids
+                labels += masked
+            else:  # the lists taken as they are (``ids`` is this call's own), not copied: this runs on every token
+                input_ids, labels = ids, masked
         together = next(joined) if _prompt_completion(rendering) else None
         for k, segment in enumerate(() if rendering.whole else rendering.segments):
             ids = next(encoded)
@@ -391,7 +394,8 @@ def _tokenize_whole(renderings: Sequence[Rendering],
     if encodings is None:  # no character offsets (a slow tokenizer): the token boundaries found from prefixes
         return [_mask_by_prefixes(text, span, tokenizer) for text, span in zip(texts, spans)]
     # Only the tokens at each span's two ends are looked at: this runs on every example of a data set.
-    return [(list(e.ids), [r for a, b in span if (r := _token_range(e, a, b))]) for e, span in zip(encodings, spans)]
+    # ``e.ids`` is a new list each time it is read: taken as it is, not copied.
+    return [(e.ids, [r for a, b in span if (r := _token_range(e, a, b))]) for e, span in zip(encodings, spans)]
 
 
 def _token_range(encoding, a: int, b: int) -> tuple[int, int] | None:
