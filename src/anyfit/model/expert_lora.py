@@ -89,7 +89,8 @@ class LowRankPath(torch.autograd.Function):
         ctx.scaling, ctx.act, ctx.dtype = scaling, act, x.dtype
         ctx.autocast = (x.device.type, torch.is_autocast_enabled(x.device.type),
                         torch.get_autocast_dtype(x.device.type))
-        return scaling * grouped(grouped(x, first.contiguous(), offsets), second.contiguous(), offsets)
+        # the scaling on the r-wide product, not on the full-width output: the same values, 1/r-th of a pass
+        return grouped(grouped(x, first.contiguous(), offsets) * scaling, second.contiguous(), offsets)
 
     @staticmethod
     def backward(ctx, grad):
@@ -98,9 +99,9 @@ class LowRankPath(torch.autograd.Function):
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):  # the forward's x, bit for bit
             x = (source[index] if ctx.act is None else ctx.act(source)).to(first.dtype)
         first, second = first.contiguous(), second.contiguous()
-        grad = grad.to(first.dtype) * ctx.scaling
-        low = grouped(x, first, offsets)
-        grad_low = grouped(grad, second.transpose(-2, -1), offsets)
+        grad = grad.to(first.dtype)
+        low = grouped(x, first, offsets) * ctx.scaling
+        grad_low = grouped(grad, second.transpose(-2, -1), offsets) * ctx.scaling
         grad_x = grouped(grad_low, first.transpose(-2, -1), offsets).to(ctx.dtype) if ctx.needs_input_grad[0] else None
         return (grad_x, None, None, grouped_outer(x, grad_low, offsets), grouped_outer(low, grad, offsets),
                 None, None, None)
