@@ -99,17 +99,10 @@ def accounted_step(model, optimizer, ids) -> tuple[int, int]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
+    from anyfit.profiling.memory import saved_storages
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with saved_storages(model) as kept:
             loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         optimizer.step()

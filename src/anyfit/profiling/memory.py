@@ -26,6 +26,24 @@ import torch
 from anyfit.units import GIB
 
 
+@contextlib.contextmanager
+def saved_storages(model: torch.nn.Module):
+    """Within the block, what autograd saves for the backward beyond ``model``'s parameters, as {storage: bytes}: each
+    storage once (views share one), kept alive or not. What the planner's activation terms are checked against (its
+    tests, ``benchmarks/expert_lora.py``); a run's own accounting is ``MemoryCensus``'s, which also sees them freed."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        yield kept
+
+
 def _nbytes(t: torch.Tensor) -> int:
     local = getattr(t, "to_local", None)  # a DTensor under FSDP2: this process's shard
     t = local() if local is not None else t

@@ -15,6 +15,7 @@ from anyfit.config import Config
 from anyfit.model.shape import shape_from_config
 from anyfit.planning.report import plan_dict, plan_report
 from anyfit.profiling.flops import ModelFlops
+from anyfit.profiling.memory import saved_storages
 
 
 def _counted(model: torch.nn.Module, top_k: int) -> tuple[int, int, int]:
@@ -71,16 +72,7 @@ def test_qwen3_30b_a3b_compute_counts_its_active_experts():
 
 def _saved_bytes(model, ids) -> int:
     """Bytes autograd keeps for the backward beyond the parameters themselves (one forward)."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    kept: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            kept[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with saved_storages(model) as kept:
         model(input_ids=ids)
     return sum(kept.values())
 

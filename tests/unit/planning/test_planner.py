@@ -42,6 +42,7 @@ from anyfit.planning.report import plan_dict, plan_report
 from anyfit.planning.savers import config_overrides
 from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup
 from anyfit.planning.time import communication_seconds, flops_per_token, sequence_exchange_seconds, step_time
+from anyfit.profiling.memory import saved_storages
 from anyfit.units import GIB
 
 TINY = dict(vocab_size=1000, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4,
@@ -163,17 +164,7 @@ def test_shape_from_a_gguf_file():
 
 def saved_bytes(model: torch.nn.Module, batch: dict, autocast: bool) -> int:
     """Bytes of the distinct non-parameter storages autograd saves during one forward pass."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    with (torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
-          torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)):
+    with saved_storages(model) as seen, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
         model(**batch, use_cache=False)
     return sum(seen.values())
 
