@@ -108,7 +108,7 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
     from anyfit.planning.memory import estimate_memory
     from anyfit.planning.presets import GIB, this_machine
     from anyfit.planning.savers import describe
-    from anyfit.planning.setup import setup_for
+    from anyfit.planning.setup import Workload, setup_for
     from anyfit.planning.time import flops_per_token, step_seconds
     from anyfit.model.shape import model_shape
 
@@ -147,7 +147,7 @@ def run_case(name: str, model_dir: str, data: str, out: str, seq: int, steps: in
         "baseline_gib": base / GIB, "measured_peak_gib": peak / GIB,
         "breakdown_gib": {k: v for k, v in est.as_dict().items() if k.endswith("_gib")},
         "flops_per_step": flops_per_token(shape, setup) * tokens_per_step,
-        "predicted_step_s": step_seconds(shape, setup, target, seq),
+        "predicted_step_s": step_seconds(shape, setup, target, Workload(seq)),
         "measured_step_s": measured_step,
         "cpu_tflops_measured": target.measured.get("fp32"), "wall_s": wall, "load_avg": os.getloadavg()[0],
     }

@@ -37,7 +37,7 @@ from published_memory import write_section
 from anyfit.config import load_config
 from anyfit.model.shape import ModelShape, shape_from_config
 from anyfit.planning.presets import MATMUL_SHARE, PRESETS, Target, custom_target
-from anyfit.planning.setup import setup_for
+from anyfit.planning.setup import Workload, setup_for
 from anyfit.planning.time import flops_per_token, step_time, streamed_bytes_per_token
 
 DATE = "2026-11-26"
@@ -197,7 +197,7 @@ def implied_share(shape: ModelShape, s, target: Target, pub: float) -> float:
     time once the streamed bytes, the optimizer and the exposed communication (as the planner counts them at the
     current constants) are taken out."""
     tokens = s.micro_batch * s.accumulation * s.seq_len
-    st = step_time(shape, s, target, s.seq_len)
+    st = step_time(shape, s, target, Workload(s.seq_len))
     streamed = streamed_bytes_per_token(shape, s) * tokens / (target.bandwidth_gbs * 1e9)
     left = tokens / pub - streamed - st.optimizer - st.communication
     return flops_per_token(shape, s) * tokens / (target.tflops("bf16") * 1e12 * left) if left > 0 else float("inf")
@@ -209,7 +209,7 @@ def build() -> tuple[list[list[str]], list[str], list[tuple[float, float, float,
         shape = shape_from_config(MODELS[row.model])
         s = setup(row, shape)
         device, target = TARGETS[row.target]
-        st = step_time(shape, s, target, row.seq)
+        st = step_time(shape, s, target, Workload(row.seq))
         est = row.micro * row.accum * row.seq / st.total  # tokens/s per GPU, as the sources count
         pub = row.published / row.gpus if row.total else row.published
         share = implied_share(shape, s, target, pub)
@@ -273,7 +273,7 @@ def leave_one_source_out(kept: list[tuple[float, float, float, Row]]) -> list[st
             shape = shape_from_config(MODELS[row.model])
             s = setup(row, shape)
             target = TARGETS[row.target][1]
-            base = step_time(shape, s, target, row.seq)
+            base = step_time(shape, s, target, Workload(row.seq))
             tokens = row.micro * row.accum * row.seq
             matmul = flops_per_token(shape, s) * tokens / (target.tflops("bf16") * 1e12)
             moved = base.total + matmul / shares[a] - matmul / MATMUL_SHARE[a]

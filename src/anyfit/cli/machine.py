@@ -41,23 +41,23 @@ def cmd_plan(args) -> int:
     # start-up time: the planner reads model configs through transformers
     from anyfit.planning.presets import targets_from_args
     from anyfit.planning.report import plan_dict, plan_report
+    from anyfit.planning.setup import Workload
 
+    if args.micro_batch is not None and not 1 <= args.micro_batch <= cfg.train.effective_batch:
+        raise ConfigError(f"--micro-batch must be from 1 to train.effective_batch ({cfg.train.effective_batch}), got "
+                          f"{args.micro_batch}.")
     if not 0 < args.trained_share <= 1:
         raise ConfigError(f"--trained-share is a share of the tokens, above 0 and at most 1; got {args.trained_share}.")
     if args.examples is not None and args.examples < 1:
         raise ConfigError(f"--examples must be at least 1, got {args.examples}.")
-    if args.micro_batch is not None and not 1 <= args.micro_batch <= cfg.train.effective_batch:
-        raise ConfigError(f"--micro-batch must be from 1 to train.effective_batch ({cfg.train.effective_batch}), got "
-                          f"{args.micro_batch}.")
+    workload = Workload.of(cfg, args.mean_tokens, args.trained_share, args.examples)
     targets = targets_from_args(args.device, args.memory_gb, args.gpus, price_per_hour=args.price_per_hour)
     line, shape = image_budget(cfg)
     if args.json:
-        print(json.dumps(plan_dict(cfg, targets, mean_tokens=args.mean_tokens, shape=shape, examples=args.examples,
-                                   micro_batch=args.micro_batch, trained_share=args.trained_share), indent=2,
+        print(json.dumps(plan_dict(cfg, targets, workload, shape=shape, micro_batch=args.micro_batch), indent=2,
                          default=str))
     else:
-        print(plan_report(cfg, targets, mean_tokens=args.mean_tokens, shape=shape, examples=args.examples,
-                          micro_batch=args.micro_batch, trained_share=args.trained_share))
+        print(plan_report(cfg, targets, workload, shape=shape, micro_batch=args.micro_batch))
         if line:
             print(line)
     return 0

@@ -23,6 +23,7 @@ from anyfit.launch.machines import Machine, offer, price_note
 from anyfit.model.shape import ModelShape
 from anyfit.planning.ladder import TargetPlan, plan_target
 from anyfit.planning.savers import config_overrides
+from anyfit.planning.setup import Workload
 from anyfit.planning.time import duration_text
 
 
@@ -140,7 +141,8 @@ def choose_machine(cfg: Config, shape: ModelShape, provider: str, gpu: str = "au
                               + (f" of --gpu {gpu}" if gpu != "auto" else "") + ".")
     # the micro-batch the run will use: the config's, or the largest that fits where it says auto
     micro = None if cfg.train.micro_batch == "auto" else cfg.train.micro_batch
-    plans = [(m, plan_target(cfg, shape, _price(m, price_per_hour).target, examples=examples, micro_batch=micro))
+    workload = Workload.of(cfg, examples=examples)
+    plans = [(m, plan_target(cfg, shape, _price(m, price_per_hour).target, workload, micro_batch=micro))
              for m in machines]
     fitting = [(m, p) for m, p in plans if not why_not(cfg, p, m)]
     if gpu != "auto" and not fitting:

@@ -31,7 +31,7 @@ from anyfit.planning.savers import (
     saver_words,
     verdict_for,
 )
-from anyfit.planning.setup import SAFETY, Setup, setup_for
+from anyfit.planning.setup import SAFETY, Setup, Workload, setup_for
 from anyfit.planning.time import StepTime, duration_text, step_seconds, step_time
 from anyfit.units import GIB
 
@@ -147,13 +147,11 @@ class Planner:
     8-bit optimizer off CUDA planned as AdamW, DeepSpeed's ZeRO-3 as FSDP2's full shard)."""
 
     def __init__(self, cfg: Config, shape: ModelShape, target: Target, safety: float, overhead_gib: float | None,
-                 tokens_per_sequence: float, processes: int | None = None, micro_batch: int | None = None,
-                 trained_share: float = 1.0):
+                 workload: Workload, processes: int | None = None, micro_batch: int | None = None):
         self.cfg, self.shape, self.target = cfg, shape, target
         self.fixed_micro = micro_batch  # planned as given (``anyfit plan --micro-batch``), not the largest that fits
         self.overhead_gib = overhead_gib
-        self.tokens_per_sequence = tokens_per_sequence
-        self.trained_share = trained_share  # of the positions: where the head and loss run (time only)
+        self.workload = workload  # what the time estimates compute on
         self.notes: list[str] = []
         self.effective = cfg.train.effective_batch
         self.seq = cfg.data.max_length
@@ -305,7 +303,7 @@ class Planner:
         return int(self.host_budget * max(1.0, processes / self.target.num_devices))
 
     def seconds(self, setup: Setup) -> float:
-        return step_seconds(self.shape, setup, self.target, self.tokens_per_sequence, self.trained_share)
+        return step_seconds(self.shape, setup, self.target, self.workload)
 
     def best(self, options: list[Option]) -> tuple[Option, Setup, MemoryEstimate] | None:
         """The fitting option of the lowest tier with the shortest estimated step (ties: the earlier option)."""
@@ -321,9 +319,8 @@ class Planner:
         return option, setup, mem
 
 
-def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: float | None = None,
-                safety: float = SAFETY, overhead_gib: float | None = None,
-                examples: int | None = None, micro_batch: int | None = None, trained_share: float = 1.0
+def plan_target(cfg: Config, shape: ModelShape, target: Target, workload: Workload | None = None,
+                safety: float = SAFETY, overhead_gib: float | None = None, micro_batch: int | None = None
                 ) -> TargetPlan:
     """Find how the configured run fits on ``target``, with the cheapest memory savers that make it fit.
 
@@ -331,16 +328,14 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
     (``Planner.options``); else a bigger GPU. At each option the micro-batch is chosen as ``micro_batch=auto``
     chooses it (the largest divisor of the per-process share of the effective batch that fits), here under
     ``safety`` x the target's memory; accumulation keeps the effective batch; ``micro_batch`` fixes it instead (an
-    option it does not fit does not fit). ``examples`` (or data.num_samples) gives the steps per epoch.
-    ``mean_tokens`` and ``trained_share`` (of the positions, those whose next token trains) describe the data for
-    the time estimate.
+    option it does not fit does not fit). ``workload`` (default: the config's, ``Workload.of``) is the data the
+    time and the steps per epoch are for.
 
     Kept whole: it is the ladder itself, step by step in the order it is tried; its parts (the
     options, fitting, scoring) are the ``Planner`` methods it calls.
     """
-    tokens_per_sequence = mean_tokens or cfg.data.max_length
-    p = Planner(cfg, shape, target, safety, overhead_gib, tokens_per_sequence, micro_batch=micro_batch,
-                trained_share=trained_share)
+    workload = workload or Workload.of(cfg)
+    p = Planner(cfg, shape, target, safety, overhead_gib, workload, micro_batch=micro_batch)
     procs, effective, cuda = p.procs, p.effective, p.cuda
     if procs < target.num_devices:
         p.notes.append(f"train.effective_batch={effective} does not split over {target.num_devices} GPUs; "
@@ -393,7 +388,7 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
             break
 
     steps_per_epoch = None
-    examples = examples if examples is not None else cfg.data.num_samples
+    examples = workload.examples
     if examples is not None:
         steps_per_epoch = examples // effective  # a partial last window is left out, as the training loop does
         if steps_per_epoch == 0:
@@ -423,7 +418,7 @@ def plan_target(cfg: Config, shape: ModelShape, target: Target, mean_tokens: flo
                          f"{duration_text(100 * (p.seconds(setup) - p.seconds(without[0])))} per 100 steps)")
     if setup.micro_batch != cfg.train.micro_batch:
         notes.append(f"micro-batch {setup.micro_batch} (config has {cfg.train.micro_batch})")
-    time = step_time(shape, setup, target, tokens_per_sequence, trained_share)
+    time = step_time(shape, setup, target, workload)
     if time.communication > 0.25 * time.total:
         notes.append(f"communication is {time.communication / time.total:.0%} of the step "
                      f"({target.interconnect_gbs or PCIE4_GBS:g} GB/s between GPUs, "

@@ -14,7 +14,7 @@ from anyfit.planning.ladder import Planner
 from anyfit.planning.memory import estimate_memory
 from anyfit.planning.presets import Target
 from anyfit.planning.savers import Option
-from anyfit.planning.setup import SAFETY, setup_for
+from anyfit.planning.setup import SAFETY, Workload, setup_for
 from anyfit.units import GIB
 
 
@@ -40,7 +40,7 @@ def recommend_sharding(cfg: Config, shape: ModelShape, target: Target, processes
         run_micro = BatchPlan.from_config(cfg.train, processes).micro_batch
     except ConfigError as e:
         return False, f"the batch split is refused ({e})"
-    p = Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
+    p = Planner(cfg, shape, target, SAFETY, None, Workload.of(cfg), processes=processes)
     p.host_budget = None  # the device memory decides FSDP vs DDP here (sharded, the model is read only once)
     budget = f"{p.budget / GIB:.1f} GiB per {'process' if target.device == 'cpu' else 'device'}"
 
@@ -82,7 +82,7 @@ def recommend_sequence_parallel(cfg: Config, shape: ModelShape, target: Target, 
     largest allowed (and the reason says it is still over: 'anyfit plan' has the other savers)."""
     if processes <= 1:
         return 1, "one process: nothing to split over"
-    p = Planner(cfg, shape, target, SAFETY, None, cfg.data.max_length, processes=processes)
+    p = Planner(cfg, shape, target, SAFETY, None, Workload.of(cfg), processes=processes)
     p.host_budget = None
     base = p.configured(processes)
     budget = f"{p.budget / GIB:.1f} GiB per {'process' if target.device == 'cpu' else 'device'}"

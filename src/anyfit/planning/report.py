@@ -11,7 +11,7 @@ from anyfit.model.shape import ModelShape, model_shape
 from anyfit.planning.ladder import TargetPlan, plan_target
 from anyfit.planning.presets import DEFAULT_MFU, MATMUL_SHARE, PRESETS, PRICE_NOTE, Target, default_targets
 from anyfit.planning.savers import config_overrides, describe, short_words
-from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY
+from anyfit.planning.setup import OPTIMIZER_NAMES, SAFETY, Workload
 from anyfit.planning.time import duration_text
 from anyfit.units import GIB
 
@@ -30,21 +30,20 @@ def _resolve_targets(targets) -> list[Target]:
     return out
 
 
-def plan(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-         safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None,
-         trained_share: float = 1.0) -> tuple[ModelShape, list[TargetPlan]]:
-    """Plan the configured run on each target (default: this machine and every preset); ``micro_batch``: fixed."""
+def plan(cfg: Config, targets=None, workload: Workload | None = None, shape: ModelShape | None = None,
+         safety: float = SAFETY, micro_batch: int | None = None) -> tuple[ModelShape, list[TargetPlan]]:
+    """Plan the configured run on each target (default: this machine and every preset) for ``workload`` (default:
+    the config's); ``micro_batch``: fixed."""
     shape = shape or model_shape(cfg.model)
-    return shape, [plan_target(cfg, shape, t, mean_tokens, safety, examples=examples, micro_batch=micro_batch,
-                               trained_share=trained_share) for t in _resolve_targets(targets)]
+    return shape, [plan_target(cfg, shape, t, workload, safety, micro_batch=micro_batch)
+                   for t in _resolve_targets(targets)]
 
 
-def plan_dict(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-              safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None,
-              trained_share: float = 1.0) -> dict[str, Any]:
+def plan_dict(cfg: Config, targets=None, workload: Workload | None = None, shape: ModelShape | None = None,
+              safety: float = SAFETY, micro_batch: int | None = None) -> dict[str, Any]:
     """The plan as plain data (``anyfit plan --json``). Memory is per device (per rank); host RAM per machine."""
-    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch, trained_share)
-    examples = examples if examples is not None else cfg.data.num_samples
+    workload = workload or Workload.of(cfg)
+    shape, plans = plan(cfg, targets, workload, shape, safety, micro_batch)
     return {
         "model": {**{k: v for k, v in dataclasses.asdict(shape).items() if k != "projections"},
                   "active_params": shape.active_params,
@@ -53,9 +52,8 @@ def plan_dict(cfg: Config, targets=None, mean_tokens: float | None = None, shape
                                              - shape.lora_params(cfg.lora.r, cfg.lora.target_modules, False)),
                   "lora_targets": shape.lora_targets(cfg.lora.target_modules, cfg.lora.experts)},
         "effective_batch": cfg.train.effective_batch, "seq_len": cfg.data.max_length,
-        "tokens_per_sequence_for_time": mean_tokens or cfg.data.max_length, "trained_share_for_time": trained_share,
-        "safety": safety,
-        "examples": examples, "price_note": PRICE_NOTE,
+        "tokens_per_sequence_for_time": workload.tokens_per_sequence,
+        "trained_share_for_time": workload.trained_share, "safety": safety, "examples": workload.examples, "price_note": PRICE_NOTE,
         "targets": [p.as_dict() for p in plans],
     }
 
@@ -70,17 +68,17 @@ def _money(value: float | None) -> str:
     return f"${value:.2f}" if value < 100 else f"${value:,.0f}"
 
 
-def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, shape: ModelShape | None = None,
-                safety: float = SAFETY, examples: int | None = None, micro_batch: int | None = None,
-                trained_share: float = 1.0) -> str:
+def plan_report(cfg: Config, targets=None, workload: Workload | None = None, shape: ModelShape | None = None,
+                safety: float = SAFETY, micro_batch: int | None = None) -> str:
     """The printable plan: one row per target, each target's per-device breakdown, then the first target's
     memory in detail.
 
     Kept whole: the report is read in the order it prints (table, notes per target, the first
     target's breakdown); every number in it comes from ``plan``.
     """
-    shape, plans = plan(cfg, targets, mean_tokens, shape, safety, examples, micro_batch, trained_share)
-    examples = examples if examples is not None else cfg.data.num_samples
+    workload = workload or Workload.of(cfg)
+    shape, plans = plan(cfg, targets, workload, shape, safety, micro_batch)
+    examples = workload.examples
     lora_n = shape.lora_params(cfg.lora.r, cfg.lora.target_modules, cfg.lora.experts)
     in_experts = lora_n - shape.lora_params(cfg.lora.r, cfg.lora.target_modules, False)
     lines = [f"model {cfg.model.name_or_path or '(given shape)'}",
@@ -89,8 +87,8 @@ def plan_report(cfg: Config, targets=None, mean_tokens: float | None = None, sha
              f"{lora_n / 1e6:,.2f}M adapter parameters"
              + (f" ({in_experts / 1e6:,.2f}M in the routed experts)" if shape.num_experts else ""),
              f"run: effective batch {cfg.train.effective_batch}, sequences up to {cfg.data.max_length} tokens "
-             f"(memory uses the longest; time uses {mean_tokens or cfg.data.max_length:g} tokens per sequence, "
-             f"{trained_share:.0%} of them trained), "
+             f"(memory uses the longest; time uses {workload.tokens_per_sequence:g} tokens per sequence, "
+             f"{workload.trained_share:.0%} of them trained), "
              f"budget {safety:.0%} of each device's memory"
              + (f", {examples:,} examples per epoch" if examples is not None else ""), ""]
     header = ["target", "mem/dev", "precision", "micro x accum x procs", "method", "savers", "peak GiB/dev",

@@ -1,5 +1,6 @@
-"""The quantities the memory and time model take (``Setup``: one way to run the training step) and the
-one mapping from a run config to them (``setup_for``), with the constants of the libraries anyfit runs on."""
+"""The quantities the memory and time model take (``Setup``: one way to run the training step; ``Workload``: the
+data it runs on) and the one mapping from a run config to them (``setup_for``), with the constants of the
+libraries anyfit runs on."""
 
 from __future__ import annotations
 
@@ -143,6 +144,27 @@ class Setup:
             return 0
         return len(range(0, num_layers, self.checkpoint_every))
 
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The data a plan's time and epoch estimates are for. Memory plans the longest sequence (``Setup.seq_len``,
+    data.max_length), since one micro-batch can hold it; time plans the mean."""
+    tokens_per_sequence: float  # the mean length: what a step computes on
+    trained_share: float = 1.0  # of the positions, those whose next token trains: where the head and loss run
+    examples: int | None = None  # per epoch, for the steps per epoch (None: unknown)
+
+    def __post_init__(self):
+        if not 0 < self.trained_share <= 1:
+            raise ValueError(f"Workload.trained_share is a share of the positions in (0, 1], got {self.trained_share}")
+
+    @classmethod
+    def of(cls, cfg: Config, mean_tokens: float | None = None, trained_share: float = 1.0,
+           examples: int | None = None) -> Workload:
+        """The workload a config describes where the data is not measured: sequences of data.max_length tokens,
+        data.num_samples examples."""
+        return cls(mean_tokens or cfg.data.max_length, trained_share,
+                   examples if examples is not None else cfg.data.num_samples)
 
 def setup_for(cfg: Config, *, method: str, device: str, precision: str, micro_batch: int, processes: int = 1,
               overrides: Mapping[str, Any] | None = None) -> Setup:

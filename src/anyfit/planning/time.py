@@ -19,6 +19,7 @@ from anyfit.planning.setup import (
     DDP_BUCKET_BYTES,
     OPTIMIZER_STREAM_BYTES,
     Setup,
+    Workload,
 )
 
 
@@ -226,8 +227,7 @@ def sequence_exchange_seconds(shape: ModelShape, setup: Setup, target: Target) -
     return passes * layers * per_layer / ((target.interconnect_gbs or PCIE4_GBS) * 1e9)
 
 
-def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float,
-              trained_share: float = 1.0) -> StepTime:
+def step_time(shape: ModelShape, setup: Setup, target: Target, workload: Workload) -> StepTime:
     """One optimizer step: the compute of each device's tokens, the bandwidth-bound optimizer update, and the
     exposed communication (``communication_seconds``).
 
@@ -235,7 +235,8 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     bytes (``streamed_bytes_per_token``) / memory bandwidth, so a small hidden size or a large vocabulary costs
     what its memory traffic costs; elsewhere FLOPs / (peak x MFU), the CPU's MFU measured against its own runs
     (benchmarks/PLAN_VS_MEASURED.md). A CPU or Mac with measured rates: ``measured_compute_seconds``.
-    ``tokens_per_sequence`` and ``trained_share``: the data's mean length and share of trained positions."""
+    ``workload``: the data's mean length and share of trained positions."""
+    tokens_per_sequence, trained_share = workload.tokens_per_sequence, workload.trained_share
     tokens = setup.micro_batch * setup.accumulation * tokens_per_sequence / setup.sequence_parallel  # per device
     seq_setup = dataclasses.replace(setup, seq_len=max(1, round(tokens_per_sequence)), trained_share=trained_share)
     flops = flops_per_token(shape, seq_setup) * tokens
@@ -265,10 +266,9 @@ def step_time(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequen
     return StepTime(compute, optimizer, communication)
 
 
-def step_seconds(shape: ModelShape, setup: Setup, target: Target, tokens_per_sequence: float,
-                 trained_share: float = 1.0) -> float:
+def step_seconds(shape: ModelShape, setup: Setup, target: Target, workload: Workload) -> float:
     """Seconds per optimizer step (``step_time``'s total)."""
-    return step_time(shape, setup, target, tokens_per_sequence, trained_share).total
+    return step_time(shape, setup, target, workload).total
 
 
 def duration_text(seconds: float | None) -> str:

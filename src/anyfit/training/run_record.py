@@ -21,6 +21,7 @@ from anyfit.hardware.runtime import versions
 from anyfit.model.shape import shape_from_config
 from anyfit.planning.memory import estimate_memory
 from anyfit.planning.presets import this_machine
+from anyfit.planning.setup import Workload
 from anyfit.planning.time import flops_per_token, step_time
 from anyfit.profiling.facts import run_setup
 from anyfit.runfolder import (
@@ -86,7 +87,7 @@ def planned_run(cfg: Config, policy, plan, model_config, sharded: bool, report, 
         target = this_machine(measure_cpu=True, dtype=policy.precision)  # measured once per machine, then cached
         mean = report.mean_length or cfg.data.max_length
         trained = report.trainable_tokens / report.total_tokens if report.total_tokens else 1.0
-        seconds = step_time(shape, setup, target, mean, trained).total
+        seconds = step_time(shape, setup, target, Workload(mean, trained)).total
         model_setup = dataclasses.replace(setup, seq_len=max(1, round(mean)), gradient_checkpointing=False,
                                           tiled_mlp=False, fused_loss=False, trained_share=trained)
         device_tokens = setup.micro_batch * setup.accumulation * mean / setup.sequence_parallel

@@ -40,7 +40,7 @@ from anyfit.planning.presets import PRESETS, Target, custom_target, targets_from
 from anyfit.planning.recommend import recommend_sharding
 from anyfit.planning.report import plan_dict, plan_report
 from anyfit.planning.savers import config_overrides
-from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup
+from anyfit.planning.setup import DDP_BUCKET_BYTES, EIGHT_BIT_STATE_BYTES, SAFETY, Setup, Workload
 from anyfit.planning.time import communication_seconds, flops_per_token, sequence_exchange_seconds, step_time
 from anyfit.profiling.memory import saved_storages
 from anyfit.units import GIB
@@ -412,7 +412,8 @@ def test_report_has_every_preset_row_and_a_breakdown():
 
 
 def test_plan_dict_is_json():
-    data = plan_dict(config(), targets=["t4", "8xh100"], shape=shape_from_config(qwen25_05b()), mean_tokens=300)
+    data = plan_dict(config(), targets=["t4", "8xh100"], shape=shape_from_config(qwen25_05b()),
+                     workload=Workload(300))
     back = json.loads(json.dumps(data))
     assert [t["target"] for t in back["targets"]] == ["t4", "8xh100"]
     assert back["model"]["params"] == 494_032_768 and back["tokens_per_sequence_for_time"] == 300
@@ -425,13 +426,13 @@ def test_time_scales_with_the_device_and_mean_length():
     cfg = config("lora.enabled=true")
     t4, h100 = (plan_target(cfg, shape, PRESETS[k]).seconds_per_100_steps for k in ("t4", "h100"))
     assert h100 < t4 / 5
-    short = plan_target(cfg, shape, PRESETS["h100"], mean_tokens=256).seconds_per_100_steps
+    short = plan_target(cfg, shape, PRESETS["h100"], Workload(256)).seconds_per_100_steps
     assert short < h100 / 3
     # the head and loss run at trained positions only: a quarter trained is quicker, with the same peak
-    answers = plan_target(cfg, shape, PRESETS["h100"], mean_tokens=256, trained_share=0.25)
+    answers = plan_target(cfg, shape, PRESETS["h100"], Workload(256, 0.25))
     assert answers.seconds_per_100_steps < short
-    assert answers.memory.peak == plan_target(cfg, shape, PRESETS["h100"], mean_tokens=256).memory.peak
-    text = plan_report(cfg, targets=["h100"], shape=shape, mean_tokens=256, trained_share=0.25)
+    assert answers.memory.peak == plan_target(cfg, shape, PRESETS["h100"], Workload(256)).memory.peak
+    text = plan_report(cfg, ["h100"], Workload(256, 0.25), shape=shape)
     assert "256 tokens per sequence, 25% of them trained" in text
 
 
@@ -684,7 +685,7 @@ def test_the_cheapest_saver_that_fits_is_chosen():
     # Every choice is estimated faster than the other savers that fit (what "cheapest" means here).
     from anyfit.planning.ladder import Planner
 
-    planner = Planner(config("data.max_length=2048"), small, PRESETS["t4"], SAFETY, None, 2048)
+    planner = Planner(config("data.max_length=2048"), small, PRESETS["t4"], SAFETY, None, Workload(2048))
     fitting = [planner.fit(o) for o in planner.options("full", 0, 1) if o.tier == (0, 0)]
     times = [planner.seconds(f[0]) for f in fitting if f]
     assert len(times) > 1 and planner.seconds(t4.setup) == min(times)
@@ -789,7 +790,7 @@ def test_communication_of_data_parallel_and_fsdp():
     assert communication_seconds(shape, ddp, pcie, micro_compute=1e9) == pytest.approx(2 * 7 / 8 * DDP_BUCKET_BYTES / 25e9)
     nvlink = dataclasses.replace(pcie, interconnect_gbs=450.0)
     fsdp = seven_b_setup(processes=8, fsdp=True, accumulation=4)
-    slow, fast = step_time(shape, fsdp, pcie, 2048), step_time(shape, fsdp, nvlink, 2048)
+    slow, fast = step_time(shape, fsdp, pcie, Workload(2048)), step_time(shape, fsdp, nvlink, Workload(2048))
     assert slow.communication > 10 * fast.communication and slow.compute == fast.compute
     assert communication_seconds(shape, seven_b_setup(), pcie, 0) == 0.0  # one device: nothing to talk to
     # PCIe shows in the plan: communication dominates a 7B step on 8x L40S with one sequence per GPU.
@@ -800,7 +801,7 @@ def test_communication_of_data_parallel_and_fsdp():
 def test_cost_per_100_steps_and_per_epoch():
     small = shape_from_config(qwen25_05b())
     cfg = config("lora.enabled=true")  # effective batch 32
-    p = plan_target(cfg, small, PRESETS["h100"], examples=1000)
+    p = plan_target(cfg, small, PRESETS["h100"], Workload.of(cfg, examples=1000))
     assert p.steps_per_epoch == 1000 // 32  # the partial last window is left out, as in training
     assert p.cost_per_100_steps == pytest.approx(3.00 * p.seconds_per_100_steps / 3600)
     assert p.cost_per_epoch == pytest.approx(3.00 * 31 * p.seconds_per_100_steps / 100 / 3600)
@@ -808,7 +809,8 @@ def test_cost_per_100_steps_and_per_epoch():
     no_data = plan_target(cfg, small, PRESETS["h100"])
     assert no_data.steps_per_epoch is None and no_data.cost_per_epoch is None and no_data.cost_per_100_steps > 0
     assert plan_target(cfg, small, PRESETS["m-36"]).cost_per_100_steps is None  # no price for a Mac
-    data = json.loads(json.dumps(plan_dict(cfg, targets=["h100"], shape=small, examples=1000)))
+    data = json.loads(json.dumps(plan_dict(cfg, targets=["h100"], shape=small,
+                                           workload=Workload.of(cfg, examples=1000))))
     row = data["targets"][0]
     assert row["price_per_hour"] == 3.0 and row["steps_per_epoch"] == 31 and row["cost_per_epoch"] > 0
     assert row["savers"] == [] and row["setup"]["optimizer"] == "adamw" and "price_note" in data
@@ -878,7 +880,7 @@ def test_sequence_parallelism_divides_what_each_process_holds_of_a_sequence_and_
     assert m4.logits == pytest.approx(m1.logits / 4, rel=0.01)
     assert any("sequence parallel over 4" in n for n in m4.notes)
     target = PRESETS["8xh100"]
-    t1, t4 = step_time(shape, one, target, 131072), step_time(shape, four, target, 131072)
+    t1, t4 = step_time(shape, one, target, Workload(131072)), step_time(shape, four, target, Workload(131072))
     assert t4.compute == pytest.approx(t1.compute / 4, rel=0.01)  # a quarter of each sequence's work, per process
     exchange = sequence_exchange_seconds(shape, four, target)
     # q, k, v in and the output back, forward, backward and the checkpointed recompute: 3 passes x 28 layers

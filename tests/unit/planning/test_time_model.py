@@ -17,7 +17,7 @@ from anyfit.model.shape import shape_from_config
 from anyfit.planning.ladder import plan_target
 from anyfit.planning.memory import estimate_memory, offloaded_activation_bytes
 from anyfit.planning.presets import MATMUL_SHARE, PRESETS
-from anyfit.planning.setup import Setup
+from anyfit.planning.setup import Setup, Workload
 from anyfit.planning.time import flops_per_token, step_time, streamed_bytes_per_token
 
 BENCHMARKS = Path(__file__).resolve().parents[3] / "benchmarks"  # the source tree beside this test
@@ -36,7 +36,7 @@ def setup(**kw) -> Setup:
 
 def mfu(shape, s: Setup, key: str) -> float:
     target = PRESETS[key]
-    t = step_time(shape, s, target, s.seq_len)
+    t = step_time(shape, s, target, Workload(s.seq_len))
     tokens = s.micro_batch * s.accumulation * s.seq_len
     return tokens * flops_per_token(shape, s) / (t.compute * target.tflops("bf16") * 1e12)
 
@@ -68,7 +68,7 @@ def test_macs_and_cpus_keep_the_one_term_model():
     shape = llama(2048, 5632, 22, 32)
     s = setup(device="mps", precision="fp32")
     target = PRESETS["m-128"]
-    t = step_time(shape, s, target, s.seq_len)
+    t = step_time(shape, s, target, Workload(s.seq_len))
     flops = s.micro_batch * s.seq_len * flops_per_token(shape, s)
     assert target.matmul_share is None
     assert t.compute == pytest.approx(flops / (target.tflops("fp32") * 1e12 * target.efficiency))
@@ -145,7 +145,7 @@ def test_a_machine_with_measured_rates_is_timed_from_them_term_by_term():
     s = setup(device="cpu", precision="fp32", micro_batch=8, seq_len=128)
     tokens = s.micro_batch * s.seq_len
     rates = MachineRates("k", {512: 0.2, 1024: 0.2}, {1 << 20: 100.0, 1 << 26: 20.0}, 5e-6, {16: 0.01})
-    t = step_time(shape, s, _measured_cpu(rates), s.seq_len)
+    t = step_time(shape, s, _measured_cpu(rates), Workload(s.seq_len))
     activation = tokens * 576 * 4  # 2.25 MiB: between the two measured sizes
     matmul = flops_per_token(shape, s) * tokens / 0.2e12  # full fine-tuning: no adapter
     streamed = streamed_bytes_per_token(shape, s) * tokens / (rates.bandwidth_at(activation) * 1e9)
@@ -153,10 +153,10 @@ def test_a_machine_with_measured_rates_is_timed_from_them_term_by_term():
     assert 20 < rates.bandwidth_at(activation) < 100
     assert t.compute == pytest.approx(matmul + streamed + ops)
     faster = MachineRates("k", {512: 0.4, 1024: 0.4}, rates.stream_gbs, 5e-6, {16: 0.01})
-    assert step_time(shape, s, _measured_cpu(faster), s.seq_len).compute == pytest.approx(matmul / 2 + streamed + ops)
+    assert step_time(shape, s, _measured_cpu(faster), Workload(s.seq_len)).compute == pytest.approx(matmul / 2 + streamed + ops)
     # the optimizer streams from main memory: the bandwidth of the largest measured operand (the target's)
     doubled = dataclasses.replace(_measured_cpu(rates), bandwidth_gbs=2 * rates.dram_gbs)
-    assert step_time(shape, s, doubled, s.seq_len).optimizer == pytest.approx(t.optimizer / 2)
+    assert step_time(shape, s, doubled, Workload(s.seq_len)).optimizer == pytest.approx(t.optimizer / 2)
 
 
 def test_eager_operations_count_lora_targets_and_recomputed_forwards():
@@ -176,8 +176,8 @@ def test_a_lora_adapters_flops_run_at_the_measured_rate_of_thin_matmuls():
     s = setup(device="cpu", precision="fp32", method="lora", lora_r=16, lora_targets="all-linear")
     slow, fast = (MachineRates("k", {1024: 0.2}, {1: 50.0}, 0.0, {16: rate}) for rate in (0.01, 0.02))
     adapter = 6.0 * shape.lora_params(16, "all-linear", experts=False) * s.micro_batch * s.seq_len
-    gap = step_time(shape, s, _measured_cpu(slow), s.seq_len).compute - \
-        step_time(shape, s, _measured_cpu(fast), s.seq_len).compute
+    gap = step_time(shape, s, _measured_cpu(slow), Workload(s.seq_len)).compute - \
+        step_time(shape, s, _measured_cpu(fast), Workload(s.seq_len)).compute
     assert gap == pytest.approx(adapter / 0.01e12 - adapter / 0.02e12)
 
 
@@ -199,6 +199,7 @@ def test_the_head_and_loss_are_timed_at_trained_positions_only(method, per_head)
         pytest.approx(0.75 * output)
     # the run's MFU counts the same head FLOPs per trained token
     assert ModelFlops.of(shape, 1 if method == "lora" else 0).head_per_trained_token == per_head * head
-    assert step_time(shape, every, PRESETS["h100"], 2048, 0.25).compute < step_time(shape, every, PRESETS["h100"],
-                                                                                     2048).compute
+    h100 = PRESETS["h100"]
+    assert step_time(shape, every, h100, Workload(2048, 0.25)).compute < step_time(shape, every, h100,
+                                                                                  Workload(2048)).compute
     assert estimate_memory(shape, quarter).peak == estimate_memory(shape, every).peak
