@@ -161,7 +161,8 @@ def stages(work: Path, rows: int, count: int) -> None:
     from anyfit.data.sources import iter_records
     from anyfit.data.store_writer import Packed
     from anyfit.data.templates import render
-    from anyfit.data.tokenization import _tokenize_renderings, tokenize_each
+    from anyfit.data.tokenization import (_offset_ranges, _tokenize_renderings, _tokenize_whole, _trained_spans,
+                                          tokenize_each)
 
     commands(work, rows, 1)  # the data, tokenizer and config, made if missing
     cfg = load_config(work / f"config-{rows}.yaml").data
@@ -208,8 +209,15 @@ def stages(work: Path, rows: int, count: int) -> None:
         renderings = timed("anyfit: render (chat_parts)", rendered, examples)
         timed("floor: render", floor_rendered, lines[k * 1024:(k + 1) * 1024])
         texts = ["".join(s.text for s in r.segments) for r in renderings]
-        timed("anyfit: encode_batch (offsets)", backend.encode_batch, texts, False)
-        timed("floor: encode_batch_fast", backend.encode_batch_fast, texts, False)
+        # in turn which goes first: the second finds the words in the BPE model's cache
+        for name, encode in [("anyfit: encode_batch (offsets)", backend.encode_batch),
+                             ("floor: encode_batch_fast", backend.encode_batch_fast)][::1 if k % 2 else -1]:
+            timed(name, encode, texts, False)
+        whole = [r for r in renderings if r.whole]
+        spans = [_trained_spans(r) for r in whole]
+        timed("anyfit: ranges from offsets (whole)", _offset_ranges, [texts[i] for i, r in enumerate(renderings)
+                                                                       if r.whole], spans, tok)
+        timed("anyfit: ranges from byte lengths (whole)", _tokenize_whole, whole, tok)
         timed("anyfit: _tokenize_renderings", _tokenize_renderings, renderings, tok, rest)
         results = timed("anyfit: tokenize_each", tokenize_each, examples, tok, rest)
         timed("anyfit: Packed.of", Packed.of, results, b, rest.source_column)

@@ -28,6 +28,7 @@ from anyfit.data.chat import template_name, use_chat_template
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.image_tokens import ImageTokens, expand_image_records, rendered_text
 from anyfit.data.stopping import stop_token_ids
+from anyfit.data.token_bytes import token_bytes
 from anyfit.data.sources import DataError
 from anyfit.data.templates import (
     Joined,
@@ -390,6 +391,21 @@ def _tokenize_whole(renderings: Sequence[Rendering],
         return []
     texts = ["".join(s.text for s in r.segments) for r in renderings]
     spans = [_trained_spans(r) for r in renderings]
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not _plain_backend(tokenizer, backend) or (table := token_bytes(tokenizer)) is None:
+        return _offset_ranges(texts, spans, tokenizer)
+    # Tokens that spell the text byte for byte: the ranges from the ids alone (anyfit.data.token_bytes), without
+    # the character offsets; a text the table cannot place goes the offsets way.
+    ids = [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    placed = table.ranges(ids, texts, spans)
+    missed = [k for k, ranges in enumerate(placed) if ranges is None]
+    redone = iter(_offset_ranges([texts[k] for k in missed], [spans[k] for k in missed], tokenizer) if missed else [])
+    return [(i, ranges) if ranges is not None else next(redone) for i, ranges in zip(ids, placed)]
+
+
+def _offset_ranges(texts: list[str], spans: list[list[tuple[int, int]]],
+                   tokenizer: PreTrainedTokenizerBase) -> list[tuple[list[int], list[tuple[int, int]]]]:
+    """``_tokenize_whole``'s (ids, ranges) from the fast tokenizer's character offsets, or from prefixes."""
     encodings = _encodings(texts, tokenizer)
     if encodings is None:  # no character offsets (a slow tokenizer): the token boundaries found from prefixes
         return [_mask_by_prefixes(text, span, tokenizer) for text, span in zip(texts, spans)]
