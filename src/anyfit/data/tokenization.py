@@ -28,7 +28,6 @@ from anyfit.data.chat import template_name, use_chat_template
 from anyfit.data.formats import Example, to_examples
 from anyfit.data.image_tokens import ImageTokens, expand_image_records, rendered_text
 from anyfit.data.stopping import stop_token_ids
-from anyfit.data.token_bytes import token_bytes
 from anyfit.data.sources import DataError
 from anyfit.data.templates import (
     Joined,
@@ -41,6 +40,7 @@ from anyfit.data.templates import (
     render_prompt,
     uses_chat_template,
 )
+from anyfit.data.token_bytes import token_bytes
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
