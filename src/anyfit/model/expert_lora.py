@@ -71,40 +71,130 @@ def grouped_outer(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> to
     return out
 
 
-class LowRankPath(torch.autograd.Function):
-    """s·(x·first)·second over expert-sorted rows, keeping for the backward only the factors as given (views of the
-    adapter's parameters) and the tensor ``x`` is rebuilt from: the layer's token rows (``x = source[index]``, the
-    routed copy is top_k times larger) or the projection's pre-activation that the activation's own backward keeps
-    anyway (``x = act(source)``). Neither the routed rows, the r-wide product nor the factors' contiguous copies
-    stay from the forward to the backward; the backward recomputes them (rank r: a few percent of the base product).
+class _Grouped:
+    """The products of every expert's rows at once, with torch's grouped kernel (on CUDA one fused kernel per
+    product), each in its operands' own dtypes: what the split path runs outside the CPU (see ``per_expert``)."""
+
+    def __init__(self, offsets: torch.Tensor):
+        self.offsets = offsets
+
+    def mm(self, a: torch.Tensor, w: torch.Tensor, out=None) -> torch.Tensor:
+        return grouped(a, w, self.offsets)
+
+    def add_mm(self, y: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return y + grouped(a, w, self.offsets)
+
+    def outer(self, a: torch.Tensor, b: torch.Tensor, out=None) -> torch.Tensor:
+        return grouped_outer(a, b.to(a.dtype), self.offsets)
+
+
+class _Expert:
+    """The products of one expert's rows, written into slices of the whole (``out``) and summed in place: what the
+    split path runs on the CPU (see ``per_expert``)."""
+
+    def __init__(self, expert: int):
+        self.e = expert
+
+    def mm(self, a: torch.Tensor, w: torch.Tensor, out=None) -> torch.Tensor:
+        return torch.mm(a, w[self.e], out=out)
+
+    def add_mm(self, y: torch.Tensor, a: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return y.addmm_(a, w[self.e])
+
+    def outer(self, a: torch.Tensor, b: torch.Tensor, out=None) -> torch.Tensor:
+        return torch.mm(a.t(), b, out=out)
+
+
+def per_expert(x: torch.Tensor, weight: torch.Tensor, first: torch.Tensor, second: torch.Tensor) -> bool:
+    """Whether ``SplitProjection`` runs one expert's rows at a time (else all experts in one grouped call per
+    product): on the CPU when the operands share one dtype. torch's grouped kernel on the CPU is itself a loop of
+    one matmul per expert, so the loop costs no extra calls; what it saves is the full-width tensors the grouped
+    form needs, the low-rank path's output and its input gradient, each as large as the base product's, written to
+    freshly mapped pages and then added to the base's: the loop adds s·(x·A)·B into the base product's own rows and
+    the input gradient's low-rank part into the base's (``addmm_``), and each expert's rows are still in cache for
+    its thin products. Measured on the Qwen3-30B-A3B-sized experts, BENCHMARKS.md "Expert LoRA (issue 55)". On CUDA
+    the grouped kernel is one launch per product and the caching allocator makes the full-width tensors cheap."""
+    return x.device.type == "cpu" and x.dtype == weight.dtype == first.dtype == second.dtype
+
+
+def _spans(offsets: torch.Tensor):
+    """(expert, its rows as a slice) for each expert with rows; one host sync for the whole loop."""
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        if end > start:
+            yield e, slice(start, end)
+        start = end
+
+
+def _rows_forward(ops, x, weight, first, second, scaling, out=None) -> torch.Tensor:
+    """x·W + s·(x·A)·B for the rows ``ops`` covers (the scaling on the r-wide product: 1/r-th of a full-width pass)."""
+    return ops.add_mm(ops.mm(x, weight, out), ops.mm(x, first) * scaling, second)
+
+
+def _rows_backward(ops, x, grad, weight, first, second, scaling, needs, outs=(None,) * 4) -> tuple:
+    """The gradients (x, W, A, B; None where ``needs`` says not needed) of ``_rows_forward`` for the rows ``ops``
+    covers, the r-wide product x·A recomputed."""
+    low = ops.mm(x, first) * scaling
+    grad_low = ops.mm(grad, second.transpose(-2, -1)) * scaling
+    grad_x = ops.add_mm(ops.mm(grad, weight.transpose(-2, -1), outs[0]), grad_low,
+                        first.transpose(-2, -1)) if needs[0] else None
+    grad_w = ops.outer(x, grad, outs[1]) if needs[1] else None
+    return grad_x, grad_w, ops.outer(x, grad_low, outs[2]), ops.outer(low, grad, outs[3])
+
+
+class SplitProjection(torch.autograd.Function):
+    """x·W + s·(x·first)·second over expert-sorted rows (W: experts x in x out, a view of the frozen experts
+    tensor), keeping for the backward only W and the factors as given (views of the parameters) and the tensor ``x``
+    is rebuilt from: the layer's token rows (``x = source[index]``, the routed copy is top_k times larger) or the
+    projection's pre-activation that the activation's own backward keeps anyway (``x = act(source)``). Neither the
+    routed rows, the r-wide product nor the factors' contiguous copies stay from the forward to the backward; the
+    backward recomputes them (rank r: a few percent of the base product).
 
     Written by hand because autograd's grouped_mm keeps its inputs as they are, the very tensors this avoids;
     ``torch.utils.checkpoint`` would recompute the second product as well, and holds its inputs outside the
-    saved-tensor hooks the planner's test and offloading read. Axolotl's ScatterMoE LoRA and Unsloth's MoE LoRA
-    write this backward by hand for the same reason. Checked against autograd in float64 (gradcheck)."""
+    saved-tensor hooks the planner's test and offloading read. The base product is inside so that, on the CPU, the
+    low-rank path adds into its rows in place (``per_expert``). Axolotl's ScatterMoE LoRA and Unsloth's MoE LoRA
+    write this backward by hand for the same reason. Checked against autograd in float64 (gradcheck), both forms."""
 
     @staticmethod
-    def forward(ctx, x, source, index, first, second, offsets, scaling, act):
-        ctx.save_for_backward(source, index, first, second, offsets)
-        ctx.scaling, ctx.act, ctx.dtype = scaling, act, x.dtype
+    def forward(ctx, x, weight, source, index, first, second, offsets, scaling, act, loop):
+        ctx.save_for_backward(source, index, weight, first, second, offsets)
+        ctx.scaling, ctx.act, ctx.dtype, ctx.loop = scaling, act, x.dtype, loop
         ctx.autocast = (x.device.type, torch.is_autocast_enabled(x.device.type),
                         torch.get_autocast_dtype(x.device.type))
-        # the scaling on the r-wide product, not on the full-width output: the same values, 1/r-th of a pass
-        return grouped(grouped(x, first.contiguous(), offsets) * scaling, second.contiguous(), offsets)
+        if not loop:
+            return _rows_forward(_Grouped(offsets), x, weight, first.contiguous(), second.contiguous(), scaling)
+        y = x.new_empty(x.size(0), weight.size(-1))
+        for e, rows in _spans(offsets):
+            _rows_forward(_Expert(e), x[rows], weight, first, second, scaling, y[rows])
+        return y
 
     @staticmethod
     def backward(ctx, grad):
-        source, index, first, second, offsets = ctx.saved_tensors
+        source, index, weight, first, second, offsets = ctx.saved_tensors
         device, enabled, dtype = ctx.autocast
+        needs = ctx.needs_input_grad[:2]
         with torch.no_grad(), torch.autocast(device, dtype=dtype, enabled=enabled):  # the forward's x, bit for bit
-            x = (source[index] if ctx.act is None else ctx.act(source)).to(first.dtype)
-        first, second = first.contiguous(), second.contiguous()
-        grad = grad.to(first.dtype)
-        low = grouped(x, first, offsets) * ctx.scaling
-        grad_low = grouped(grad, second.transpose(-2, -1), offsets) * ctx.scaling
-        grad_x = grouped(grad_low, first.transpose(-2, -1), offsets).to(ctx.dtype) if ctx.needs_input_grad[0] else None
-        return (grad_x, None, None, grouped_outer(x, grad_low, offsets), grouped_outer(low, grad, offsets),
-                None, None, None)
+            # gathered rows: one expert's at a time in the loop (a copy, the same bits, and in cache for its
+            # products); the activation once, as in the forward
+            x = None if ctx.act is None and ctx.loop else (source[index] if ctx.act is None else ctx.act(source))
+        if not ctx.loop:
+            grad_x, grad_w, grad_first, grad_second = _rows_backward(
+                _Grouped(offsets), x.to(first.dtype), grad, weight, first.contiguous(), second.contiguous(),
+                ctx.scaling, needs)
+        else:
+            grad = grad.contiguous()
+            grad_x = grad.new_empty(grad.size(0), weight.size(-2)) if needs[0] else None
+            # contiguous (zeros: an expert without rows), whatever the layout of the views they are the gradients of
+            grad_w = weight.new_zeros(weight.shape) if needs[1] else None
+            grad_first, grad_second = first.new_zeros(first.shape), second.new_zeros(second.shape)
+            for e, rows in _spans(offsets):
+                rows_x = source[index[rows]] if x is None else x[rows]
+                _rows_backward(_Expert(e), rows_x, grad[rows], weight, first, second, ctx.scaling, needs,
+                               (grad_x[rows] if needs[0] else None, grad_w[e] if needs[1] else None, grad_first[e],
+                                grad_second[e]))
+        return (None if grad_x is None else grad_x.to(ctx.dtype), grad_w, None, None, grad_first, grad_second,
+                None, None, None, None)
 
 
 Factors = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # parameter -> (lhs, rhs, scaling): W + s·lhs@rhs
@@ -113,17 +203,20 @@ Factors = dict[str, tuple[torch.Tensor, torch.Tensor, float]]  # parameter -> (l
 def _project(experts: nn.Module, name: str, x: torch.Tensor, offsets: torch.Tensor, ids: torch.Tensor,
              factors: Factors, rebuild: tuple) -> torch.Tensor:
     """One fused projection for expert-sorted rows: base product, bias, and the low-rank path of ``factors[name]``
-    (``rebuild``: (source, index, act) that give ``x`` back in the backward, see ``LowRankPath``)."""
+    (``rebuild``: (source, index, act) that give ``x`` back in the backward, see ``SplitProjection``)."""
     w = getattr(experts, name)
     transposed = experts.is_transposed  # (experts, in, out) rather than (experts, out, in)
-    y = grouped(x, w if transposed else w.transpose(-2, -1), offsets)
-    if experts.has_bias:
-        y = y + getattr(experts, f"{name}_bias")[ids]
+    w = w if transposed else w.transpose(-2, -1)
     if name in factors:
         lhs, rhs, scaling = factors[name]
         # the delta is lhs @ rhs in the tensor's own layout: x·(lhs·rhs) transposed, x·rhsᵀ·lhsᵀ otherwise
         first, second = (lhs, rhs) if transposed else (rhs.transpose(-2, -1), lhs.transpose(-2, -1))
-        y = y + LowRankPath.apply(x, *rebuild[:2], first, second, offsets, scaling, rebuild[2])
+        y = SplitProjection.apply(x, w, *rebuild[:2], first, second, offsets, scaling, rebuild[2],
+                                  per_expert(x, w, first, second))
+    else:
+        y = grouped(x, w, offsets)
+    if experts.has_bias:
+        y = y + getattr(experts, f"{name}_bias")[ids]
     return y
 
 

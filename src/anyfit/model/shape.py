@@ -213,7 +213,7 @@ class ModelShape:
 
     def split_lora_flops(self, adapter: int, spec: list[str] | str = "auto") -> float:
         """FLOPs per token of ``adapter`` parameters on the targeted fused expert tensors computed as base plus
-        low-rank path (anyfit.model.expert_lora.LowRankPath) in the token's top_k experts: the two thin products
+        low-rank path (anyfit.model.expert_lora.SplitProjection) in the token's top_k experts: the two thin products
         forward, their input and factor gradients backward (6 per adapter parameter, as a linear layer's), and the
         backward's recompute of x·A (2 x r x d_in)."""
         targets = set(self.lora_targets(spec))

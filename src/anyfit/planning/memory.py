@@ -370,7 +370,7 @@ def split_expert_inputs(shape: ModelShape, setup: Setup, a: int) -> float:
     """Bytes per token per layer the split path keeps for the adapters' gradients beyond the frozen-expert run: the
     layer's token rows (once, not the top_k routed copies) when the tensor that reads them (gate/up) is adapted. The
     routed rows, the down projection's input (rebuilt from the pre-activation its activation keeps anyway) and the
-    r-wide products are rebuilt in the backward (anyfit.model.expert_lora.LowRankPath)."""
+    r-wide products are rebuilt in the backward (anyfit.model.expert_lora.SplitProjection)."""
     if not splits_experts(shape, setup):
         return 0.0
     return shape.hidden_size * a if any(p.name != "down_proj" for p in _adapted_experts(shape, setup)) else 0.0

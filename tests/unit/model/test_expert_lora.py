@@ -11,7 +11,7 @@ from moe_families import CURRENT_MOE, MOE, moe_model
 from peft import PeftModel
 
 from anyfit.config import LoraConfig
-from anyfit.model.expert_lora import LowRankPath, check_split, grouped, grouped_outer, split_wrapper
+from anyfit.model.expert_lora import SplitProjection, check_split, grouped, grouped_outer, split_wrapper
 from anyfit.model.loading import apply_lora
 from anyfit.model.moe import peft_takes_parameters
 
@@ -142,13 +142,17 @@ def test_grouped_product_with_and_without_torch_kernel(rank):
     assert _rel(grouped(x, w, offsets), want) <= 8 * torch.finfo(torch.float32).eps * math.sqrt(rank)
 
 
+@pytest.mark.parametrize("loop", [True, False], ids=["per-expert", "grouped"])
 @pytest.mark.parametrize("rebuilt", ["gathered", "activated"])
-def test_low_rank_path_gradients_are_autograds(rebuilt):
-    """float64 (torch's grouped kernel takes no float64: the per-expert loops): the hand-written backward against
-    autograd's numerical Jacobian, x rebuilt from the token rows or from the pre-activation, an expert without rows
-    included; the gradient reaches x, A and B, never the source x is rebuilt from."""
+def test_split_projection_gradients_are_autograds(rebuilt, loop):
+    """float64 (torch's grouped kernel takes no float64: the grouped form's per-expert fallback): the hand-written
+    backward of both forms (one expert's rows at a time, as on the CPU; grouped calls, as on CUDA) against autograd's
+    numerical Jacobian, x rebuilt from the token rows or from the pre-activation, an expert without rows included,
+    the weight and a factor as transposed views; the gradient reaches x, W, A and B, never the source x is rebuilt
+    from."""
     gen = torch.Generator().manual_seed(0)
     offsets = torch.tensor([3, 3, 7, 10], dtype=torch.int32)
+    weight = torch.randn(4, 5, 6, generator=gen, dtype=torch.float64).transpose(-2, -1).requires_grad_()
     first = torch.randn(4, 6, 2, generator=gen, dtype=torch.float64, requires_grad=True)
     second = torch.randn(4, 5, 2, generator=gen, dtype=torch.float64).transpose(-2, -1).requires_grad_()
     if rebuilt == "gathered":
@@ -157,12 +161,33 @@ def test_low_rank_path_gradients_are_autograds(rebuilt):
         source, index, act = torch.randn(10, 6, generator=gen, dtype=torch.float64), None, torch.nn.functional.silu
     x = (source[index] if act is None else act(source)).requires_grad_()
 
-    def path(x, first, second):
-        return LowRankPath.apply(x, source, index, first, second, offsets, 0.5, act)
+    def path(x, weight, first, second):
+        return SplitProjection.apply(x, weight, source, index, first, second, offsets, 0.5, act, loop)
 
-    assert torch.autograd.gradcheck(path, (x, first, second))
-    want = torch.cat([x[:3] @ first[0] @ second[0], x[3:7] @ first[2] @ second[2], x[7:] @ first[3] @ second[3]])
-    assert torch.allclose(path(x, first, second), 0.5 * want)
+    assert torch.autograd.gradcheck(path, (x, weight, first, second))
+    want = torch.cat([x[a:b] @ weight[e] + 0.5 * x[a:b] @ first[e] @ second[e]
+                      for e, a, b in ((0, 0, 3), (2, 3, 7), (3, 7, 10))])
+    assert torch.allclose(path(x, weight, first, second), want)
+
+
+def test_split_projection_forms_agree_in_fp32():
+    """fp32 at widths where torch's grouped kernel runs (16-byte rows): the per-expert form (in-place sums) and the
+    grouped form give the same output and gradients to the round-off of their reductions (at most 64 terms, plus
+    the r-wide path's 4 and the sum of the two)."""
+    gen = torch.Generator().manual_seed(0)
+    offsets = torch.tensor([5, 5, 20, 32], dtype=torch.int32)
+    weight = torch.randn(4, 64, 32, generator=gen).transpose(-2, -1)
+    first = torch.randn(4, 32, 4, generator=gen).requires_grad_()
+    second = torch.randn(4, 64, 4, generator=gen).transpose(-2, -1).requires_grad_()
+    source, index = torch.randn(16, 32, generator=gen), torch.arange(32) % 16
+    grad = torch.randn(32, 64, generator=gen)
+    results = []
+    for loop in (True, False):
+        x = source[index].requires_grad_()
+        y = SplitProjection.apply(x, weight, source, index, first, second, offsets, 2.0, None, loop)
+        results.append((y, *torch.autograd.grad(y, (x, first, second), grad)))
+    for got, want in zip(*results):
+        assert _rel(got, want) <= 8 * torch.finfo(torch.float32).eps * math.sqrt(64)
 
 
 def test_grouped_factor_gradient_with_and_without_torch_kernel():
@@ -180,7 +205,7 @@ def test_grouped_factor_gradient_with_and_without_torch_kernel():
 @CURRENT_MOE
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_split_path_under_gradient_checkpointing_has_peft_paths_gradients(family):
-    """Every layer checkpointed (non-reentrant, as anyfit enables it): the recompute runs LowRankPath's forward
+    """Every layer checkpointed (non-reentrant, as anyfit enables it): the recompute runs SplitProjection's forward
     again and its backward rebuilds x from the recomputed tensors; losses and gradients stay PEFT's path's."""
     ids = torch.randint(3, 512, (2, 12), generator=torch.Generator().manual_seed(0))
     split, merged = _adapted(family, True), _adapted(family, False)

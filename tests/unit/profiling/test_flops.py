@@ -108,9 +108,13 @@ def test_moe_flops_count_the_active_experts(family):
     assert modelled_exp - modelled_no == counted_exp - counted_no > 0
 
 
-class _GroupedFlops(TorchDispatchMode):
-    """FLOPs of torch's grouped matmuls (torch's FlopCounterMode has no CPU formula for them): 2 per multiply-add,
-    rows x columns of the 2-D x 3-D form, the group dimension summed over in the 2-D x 2-D (weight gradient) form."""
+class _MatmulFlops(TorchDispatchMode):
+    """FLOPs of the matrix products, torch's grouped ones included (torch's FlopCounterMode has no CPU formula for
+    them; the split path runs them on CUDA, and one matmul per expert on the CPU): 2 per multiply-add; of a grouped
+    product rows x columns of the 2-D x 3-D form, the group dimension summed over in the 2-D x 2-D (weight gradient)
+    form."""
+
+    PLAIN = (torch.ops.aten.mm.default, torch.ops.aten.mm.out, torch.ops.aten.addmm.default, torch.ops.aten.addmm_.default)
 
     def __init__(self):
         super().__init__()
@@ -120,6 +124,12 @@ class _GroupedFlops(TorchDispatchMode):
         if func is torch.ops.aten._grouped_mm.default:
             a, b = args[0], args[1]
             self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[-1]
+        elif func in self.PLAIN:
+            a, b = args[-2:] if "addmm" in func.__name__ else args[:2]
+            self.flops += 2 * a.shape[0] * a.shape[1] * b.shape[1]
+        elif func is torch.ops.aten.bmm.default:
+            a, b = args[0], args[1]
+            self.flops += 2 * a.shape[0] * a.shape[1] * a.shape[2] * b.shape[2]
         return func(*args, **(kwargs or {}))
 
 
@@ -127,7 +137,7 @@ class _GroupedFlops(TorchDispatchMode):
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
 def test_split_expert_lora_flops_are_what_its_products_count(family):
     """LoRA on the experts as base plus low-rank path: per token, its active experts' adapters cost 6 per parameter
-    plus the backward's recompute of x·A (ModelShape.split_lora_flops), what the grouped matmuls of the run with
+    plus the backward's recompute of x·A (ModelShape.split_lora_flops), what the matmuls of the run with
     expert adapters count beyond the frozen-expert run's (between two lengths; every token has top_k experts)."""
     from moe_families import moe_config, moe_model
 
@@ -145,7 +155,7 @@ def test_split_expert_lora_flops_are_what_its_products_count(family):
         modelled[experts] = flops.of_examples([40], [37]) - flops.of_examples([12], [9])
         per_length = []
         for n in (40, 12):
-            with _GroupedFlops() as mode:
+            with _MatmulFlops() as mode:
                 token_loss_sum(model, collate(_examples([n]), pad_id=0, packed=True)).backward()
             per_length.append(mode.flops)
         counted[experts] = per_length[0] - per_length[1]
