@@ -16,6 +16,7 @@ into the expert adapter's AdamW states, the saved activations, and the rest (the
 and the backward's transients).
 
 Usage: uv run python benchmarks/expert_lora.py [--steps 6] [--write]
+       uv run python benchmarks/expert_lora.py --paired qwen3_30b_experts --steps 9   (step time, steps in turn)
 (--write: the rows into benchmarks/results/expert_lora.json; BENCHMARKS.md's section is updated by hand)
 """
 
@@ -53,14 +54,12 @@ MODELS["qwen3_30b_experts"] = ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
 RUNS = {"frozen experts": {"experts": False}, "PEFT path": {"split_experts": False}, "split path": {}}
 
 
-def one(family: str, run: str, steps: int) -> dict:
-    """One run in this process: the peak above the resident set before the steps, and the median step time."""
-    import psutil
+def build(family: str, run: str) -> tuple:
+    """(model with the run's LoRA, its AdamW, the 2 x 512 random tokens, the expert weights' fp32 bytes)."""
     import torch
     import transformers
 
     from anyfit.config import LoraConfig
-    from anyfit.hardware.memory import peak_bytes
     from anyfit.model.loading import apply_lora
 
     config_cls, model_cls, dims = MODELS[family]
@@ -71,15 +70,47 @@ def one(family: str, run: str, steps: int) -> dict:
     model.train()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     ids = torch.randint(3, 512, (2, 512), generator=torch.Generator().manual_seed(0))
+    return model, optimizer, ids, experts
+
+
+def timed_step(model, optimizer, ids) -> tuple[float, float]:
+    """(seconds, loss) of one forward, backward and optimizer step."""
+    start = time.perf_counter()
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return time.perf_counter() - start, round(loss.item(), 6)
+
+
+def paired(family: str, steps: int) -> dict:
+    """Step time of the split path against the frozen-expert run in one process, their steps in turn (frozen,
+    split, frozen, ...): each ratio pairs two steps seconds apart, so load from other jobs on a shared machine moves
+    both of a pair where whole-process pairs (a minute apart) differ by it. Medians over the steps after the first."""
+    runs = {run: build(family, run) for run in ("frozen experts", "split path")}
+    times: dict[str, list[float]] = {run: [] for run in runs}
+    for _ in range(steps):
+        for run, (model, optimizer, ids, _) in runs.items():
+            times[run].append(timed_step(model, optimizer, ids)[0])
+    ratios = [s / f for s, f in zip(times["split path"][1:], times["frozen experts"][1:])]
+    return {"family": family, "frozen_step_s": round(statistics.median(times["frozen experts"][1:]), 3),
+            "split_step_s": round(statistics.median(times["split path"][1:]), 3),
+            "split_over_frozen_median": round(statistics.median(ratios), 3),
+            "ratios": [round(r, 3) for r in ratios]}
+
+
+def one(family: str, run: str, steps: int) -> dict:
+    """One run in this process: the peak above the resident set before the steps, and the median step time."""
+    import psutil
+
+    from anyfit.hardware.memory import peak_bytes
+
+    model, optimizer, ids, experts = build(family, run)
     before, times, losses = psutil.Process().memory_info().rss, [], []
     for _ in range(steps):
-        start = time.perf_counter()
-        loss = model(input_ids=ids, labels=ids).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        times.append(time.perf_counter() - start)
-        losses.append(round(loss.item(), 6))
+        seconds, loss = timed_step(model, optimizer, ids)
+        times.append(seconds)
+        losses.append(loss)
     from anyfit.model.moe import adapter_in_experts
 
     states = 16 * adapter_in_experts(model)  # the experts' adapter: fp32 weights, gradients, AdamW's two states
@@ -123,7 +154,12 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(MODELS))
     parser.add_argument("--write", action="store_true")
     parser.add_argument("--one", nargs=2, metavar=("FAMILY", "RUN"), help=argparse.SUPPRESS)
+    parser.add_argument("--paired", metavar="FAMILY", help="step time only: split path and frozen experts in one "
+                        "process, steps in turn")
     args = parser.parse_args()
+    if args.paired:
+        print(json.dumps(paired(args.paired, args.steps)), flush=True)
+        return
     if args.one:
         print(json.dumps(one(*args.one, args.steps)), flush=True)
         return

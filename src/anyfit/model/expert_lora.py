@@ -44,17 +44,22 @@ def _grouped_mm_works(x: torch.Tensor, w: torch.Tensor) -> bool:
                and all(s * size % 16 == 0 for s in t.stride() if s != 1) for t in (x, w))
 
 
+def _spans(offsets: torch.Tensor):
+    """(expert, its rows as a slice) for each expert with rows; one host sync for the whole loop."""
+    start = 0
+    for e, end in enumerate(offsets.tolist()):
+        if end > start:
+            yield e, slice(start, end)
+        start = end
+
+
 def grouped(x: torch.Tensor, w: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
     """Rows of ``x`` (sorted by expert, group e ending at ``offsets[e]``) times ``w[e]`` (experts x in x out): torch's
     grouped matmul where it takes the operands, else one matmul per expert that has tokens."""
     x = x.to(w.dtype)
     if _grouped_mm_works(x, w):
         return torch.nn.functional.grouped_mm(x, w, offs=offsets)
-    parts, start = [], 0
-    for e, end in enumerate(offsets.tolist()):  # one host sync for the whole loop
-        if end > start:
-            parts.append(x[start:end] @ w[e])
-        start = end
+    parts = [x[rows] @ w[e] for e, rows in _spans(offsets)]
     return torch.cat(parts) if parts else x.new_zeros(0, w.size(-1))
 
 
@@ -63,11 +68,9 @@ def grouped_outer(a: torch.Tensor, b: torch.Tensor, offsets: torch.Tensor) -> to
     gradient of a factor; torch's grouped matmul (its 2-D x 2-D form) where it takes the operands, else a loop."""
     if _grouped_mm_works(a.t(), b):
         return torch.nn.functional.grouped_mm(a.t(), b, offs=offsets)
-    out, start = a.new_zeros(offsets.numel(), a.size(-1), b.size(-1)), 0
-    for e, end in enumerate(offsets.tolist()):
-        if end > start:
-            out[e] = a[start:end].t() @ b[start:end]
-        start = end
+    out = a.new_zeros(offsets.numel(), a.size(-1), b.size(-1))
+    for e, rows in _spans(offsets):
+        out[e] = a[rows].t() @ b[rows]
     return out
 
 
@@ -115,15 +118,6 @@ def per_expert(x: torch.Tensor, weight: torch.Tensor, first: torch.Tensor, secon
     its thin products. Measured on the Qwen3-30B-A3B-sized experts, BENCHMARKS.md "Expert LoRA (issue 55)". On CUDA
     the grouped kernel is one launch per product and the caching allocator makes the full-width tensors cheap."""
     return x.device.type == "cpu" and x.dtype == weight.dtype == first.dtype == second.dtype
-
-
-def _spans(offsets: torch.Tensor):
-    """(expert, its rows as a slice) for each expert with rows; one host sync for the whole loop."""
-    start = 0
-    for e, end in enumerate(offsets.tolist()):
-        if end > start:
-            yield e, slice(start, end)
-        start = end
 
 
 def _rows_forward(ops, x, weight, first, second, scaling, out=None) -> torch.Tensor:
