@@ -111,7 +111,7 @@ def step_seconds(model, batch) -> float:
 def token_counts(lengths: list[int], chunk: int = 64) -> dict[str, int]:
     from anyfit.model.state_layers import _Layout
 
-    layout = _Layout(tuple(lengths), "cpu")
+    layout = _Layout(tuple(lengths), "cpu", chunk)
     up = lambda n: -(-n // chunk) * chunk  # noqa: E731
     longest = max(lengths)
     return {"real": sum(lengths), "padded rows": len(lengths) * longest,
