@@ -161,8 +161,9 @@ def stages(work: Path, rows: int, count: int) -> None:
     from anyfit.data.sources import iter_records
     from anyfit.data.store_writer import Packed
     from anyfit.data.templates import render
-    from anyfit.data.tokenization import (_offset_ranges, _tokenize_renderings, _tokenize_whole, _trained_spans,
-                                          tokenize_each)
+    from anyfit.data.audit import MaskAudit
+    from anyfit.data.tokenization import (_length_policy, _offset_ranges, _tokenize_renderings, _tokenize_whole,
+                                          _trained_spans, tokenize_each)
 
     commands(work, rows, 1)  # the data, tokenizer and config, made if missing
     cfg = load_config(work / f"config-{rows}.yaml").data
@@ -218,7 +219,9 @@ def stages(work: Path, rows: int, count: int) -> None:
         timed("anyfit: ranges from offsets (whole)", _offset_ranges, [texts[i] for i, r in enumerate(renderings)
                                                                        if r.whole], spans, tok)
         timed("anyfit: ranges from byte lengths (whole)", _tokenize_whole, whole, tok)
-        timed("anyfit: _tokenize_renderings", _tokenize_renderings, renderings, tok, rest)
+        pairs = timed("anyfit: _tokenize_renderings", _tokenize_renderings, renderings, tok, rest)
+        timed("anyfit: mask audit (scan)", MaskAudit.of(tok, rest).scan, pairs, [False] * len(pairs), False)
+        timed("anyfit: length policy", lambda: [_length_policy(pair, rest) for pair in pairs])
         results = timed("anyfit: tokenize_each", tokenize_each, examples, tok, rest)
         timed("anyfit: Packed.of", Packed.of, results, b, rest.source_column)
     print(f"{n:,} records, CPU ms a record")
