@@ -6,7 +6,10 @@ core, writing nothing. No masks, no checks, no store.
 ``benchmarks/data_scale.py --only floor,prepare`` runs it beside ``anyfit prepare`` on the same records (issue 55,
 part 4: anyfit's whole command, start-up included, against this one's). It prints the records and tokens it saw.
 
-    python benchmarks/prep_floor.py MODEL_DIR DATA.jsonl [WORKERS]
+    python benchmarks/prep_floor.py MODEL_DIR DATA.jsonl [WORKERS] [--with-prompt]
+
+``--with-prompt``: also render each conversation's prompt (the messages before the last, with the generation prompt),
+the one more render an exact assistant-only mask needs at least (where the trained turn starts); not the issue's floor.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import sys
 BATCH = 1024  # lines per task, as anyfit's store builds (anyfit.data.store.BATCH_RECORDS)
 
 _TOK = None
+_PROMPT = False  # --with-prompt
 
 
 def _load(model: str) -> None:
@@ -30,7 +34,11 @@ def _load(model: str) -> None:
 
 
 def _work(lines: list[str]) -> tuple[int, int]:
-    texts = [_TOK.apply_chat_template(json.loads(line)["messages"], tokenize=False) for line in lines]
+    conversations = [json.loads(line)["messages"] for line in lines]
+    texts = [_TOK.apply_chat_template(messages, tokenize=False) for messages in conversations]
+    if _PROMPT:
+        for messages in conversations:
+            _TOK.apply_chat_template(messages[:-1], tokenize=False, add_generation_prompt=True)
     ids = _TOK.backend_tokenizer.encode_batch_fast(texts, add_special_tokens=False)
     return len(texts), sum(len(e.ids) for e in ids)
 
@@ -49,8 +57,11 @@ def _batches(path: str):
 
 
 def main() -> None:
-    model, data = sys.argv[1], sys.argv[2]
-    workers = int(sys.argv[3]) if len(sys.argv) > 3 else os.cpu_count() or 1
+    global _PROMPT
+    args = [a for a in sys.argv[1:] if a != "--with-prompt"]
+    _PROMPT = len(args) < len(sys.argv) - 1
+    model, data = args[0], args[1]
+    workers = int(args[2]) if len(args) > 2 else os.cpu_count() or 1
     # The tokenizer loaded once, here, and the workers forked with it: the cheapest start there is (datasets' map
     # workers fork from a parent holding the tokenizer too).
     _load(model)
@@ -58,7 +69,7 @@ def main() -> None:
         records = tokens = 0
         for n, t in pool.imap(_work, _batches(data), chunksize=1):
             records, tokens = records + n, tokens + t
-    print(f"[floor] {records} records, {tokens} tokens, {workers} workers")
+    print(f"[floor] {records} records, {tokens} tokens, {workers} workers{', prompts rendered too' if _PROMPT else ''}")
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ kept after it ends, so the sum never falls. The command's own output is discarde
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
+import threading
 import time
 
 import psutil
@@ -26,10 +28,17 @@ def main() -> None:
         args = args[1:]
     start = time.monotonic()
     child = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ended: list[float] = []  # the wall time, once the command has ended (a thread waits for it: exact, not sampled)
+
+    def wait() -> None:
+        child.wait()
+        ended.append(time.monotonic() - start)
+
+    threading.Thread(target=wait, daemon=True).start()
     root = psutil.Process(child.pid)
     seen: dict[int, float] = {}  # pid -> CPU seconds at its last reading
     samples: list[tuple[float, float, int]] = []
-    while child.poll() is None:
+    while not ended:
         try:
             tree = [root, *root.children(recursive=True)]
         except psutil.Error:
@@ -42,10 +51,10 @@ def main() -> None:
                 pass
         samples.append((time.monotonic() - start, sum(seen.values()), len(tree)))
         time.sleep(SAMPLE_S)
-    wall = time.monotonic() - start
+    wall = ended[0]
     print(f"wall {wall:.2f} s, exit {child.returncode}, CPU of the tree at the last sample {sum(seen.values()):.1f} s")
     print("t (s): cores busy (processes)")
-    print(" ".join(f"{a:.1f}:{(c1 - c0) / (b - a):.1f}({n})" for (a, c0, _), (b, c1, n) in zip(samples, samples[1:])))
+    print(" ".join(f"{a:.1f}:{(c1 - c0) / (b - a):.1f}({n})" for (a, c0, _), (b, c1, n) in itertools.pairwise(samples)))
 
 
 if __name__ == "__main__":

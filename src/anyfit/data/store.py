@@ -55,6 +55,7 @@ import io
 import itertools
 import json
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import shutil
 import signal
@@ -377,7 +378,8 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
           batches: Iterator[Records], bar, images: ImageTokens | None = None):
     """``first_batch()`` (tokenized here), then the batches after it (``rest_cfg``: the format found in the first):
     in this process, or over a pool of ``data.num_proc`` workers. With a pool, the first batch is tokenized here
-    while the workers start (a spawned worker's imports and tokenizer take seconds), not before they are asked to."""
+    while the workers start: while the fork server imports their modules (before any is asked), or, spawned, while
+    each imports and loads the tokenizer (seconds; after they are asked)."""
     small = sum(map(len, ahead)) + len(first) < PARALLEL_FROM  # everything is read already
     workers = 1 if small and rest_cfg.num_proc == "auto" else _workers(rest_cfg)
 
@@ -394,7 +396,15 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
             yield Packed.of(tokenize_each(to_examples(batch, rest_cfg, start), tokenizer, rest_cfg, images), batch,
                              rest_cfg.source_column)
         return
-    with ProcessPoolExecutor(workers, mp_context=_start_method(tokenizer), initializer=_init_worker,
+    context = _start_method(tokenizer)
+    head = None
+    if context.get_start_method() == "forkserver":
+        # The fork server imports the workers' modules (0.5-0.7 s of a 2-core VM) before it forks the first one, and
+        # the first submit waits for it: started here, it imports while this process tokenizes the first batch.
+        with _sigint_deferred(True):  # it must not see a Ctrl-C either (see _sigint_deferred)
+            multiprocessing.forkserver.ensure_running()
+        head = first_batch()
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                              initargs=(tokenizer, rest_cfg, images)) as pool:
         queue: collections.deque = collections.deque()
         submitted = 0
@@ -404,13 +414,13 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
                     queue.append((len(batch), pool.submit(_tokenize_in_worker, list(batch), _places(batch), start)))
                 submitted += 1
                 if submitted == 2 * workers:  # the workers are starting: the first batch meanwhile, here
-                    yield first_batch()
+                    yield head if head is not None else first_batch()
                 if len(queue) >= 2 * workers:  # bounded: at most two batches per worker in flight
                     n, future = queue.popleft()
                     bar.update(n)
                     yield future.result()
             if submitted < 2 * workers:
-                yield first_batch()
+                yield head if head is not None else first_batch()
             for n, future in queue:
                 bar.update(n)
                 yield future.result()
