@@ -157,13 +157,19 @@ def stages(work: Path, rows: int, count: int) -> None:
 
     from anyfit.config import load_config
     from anyfit.data import store
+    from anyfit.data.audit import MaskAudit
     from anyfit.data.formats import resolve_fields, to_examples
     from anyfit.data.sources import iter_records
     from anyfit.data.store_writer import Packed
     from anyfit.data.templates import render
-    from anyfit.data.audit import MaskAudit
-    from anyfit.data.tokenization import (_length_policy, _offset_ranges, _tokenize_renderings, _tokenize_whole,
-                                          _trained_spans, tokenize_each)
+    from anyfit.data.tokenization import (
+        _length_policy,
+        _offset_ranges,
+        _tokenize_renderings,
+        _tokenize_whole,
+        _trained_spans,
+        tokenize_each,
+    )
 
     commands(work, rows, 1)  # the data, tokenizer and config, made if missing
     cfg = load_config(work / f"config-{rows}.yaml").data
@@ -221,7 +227,7 @@ def stages(work: Path, rows: int, count: int) -> None:
         timed("anyfit: ranges from byte lengths (whole)", _tokenize_whole, whole, tok)
         pairs = timed("anyfit: _tokenize_renderings", _tokenize_renderings, renderings, tok, rest)
         timed("anyfit: mask audit (scan)", MaskAudit.of(tok, rest).scan, pairs, [False] * len(pairs), False)
-        timed("anyfit: length policy", lambda: [_length_policy(pair, rest) for pair in pairs])
+        timed("anyfit: length policy", lambda done: [_length_policy(pair, rest) for pair in done], pairs)
         results = timed("anyfit: tokenize_each", tokenize_each, examples, tok, rest)
         timed("anyfit: Packed.of", Packed.of, results, b, rest.source_column)
     print(f"{n:,} records, CPU ms a record")
