@@ -56,6 +56,7 @@ import itertools
 import json
 import multiprocessing
 import multiprocessing.forkserver
+import multiprocessing.resource_tracker
 import os
 import shutil
 import signal
@@ -401,7 +402,11 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
     if context.get_start_method() == "forkserver":
         # The fork server imports the workers' modules (0.5-0.7 s of a 2-core VM) before it forks the first one, and
         # the first submit waits for it: started here, it imports while this process tokenizes the first batch.
-        with _sigint_deferred(True):  # it must not see a Ctrl-C either (see _sigint_deferred)
+        # It must start with SIGINT blocked, as the workers it forks (see _sigint_deferred). The resource tracker
+        # first: started inside that window, it would unblock SIGINT on its way out (its own start blocks and then
+        # unblocks it), and the fork server and every worker would take a Ctrl-C as a traceback.
+        multiprocessing.resource_tracker.ensure_running()
+        with _sigint_deferred(True):
             multiprocessing.forkserver.ensure_running()
         head = first_batch()
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,

@@ -308,6 +308,11 @@ def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_p
     while num_proc > 1 and len(spawned()) < num_proc:  # the pool's workers are up (maybe still importing)
         assert victim.poll() is None and time.time() < deadline
         time.sleep(0.05)
+    for worker in spawned():  # the mechanism, not only its effect: each worker holds SIGINT blocked (Linux)
+        status = Path(f"/proc/{worker.pid}/status")
+        if status.exists():
+            mask = next(line for line in status.read_text().splitlines() if line.startswith("SigBlk:"))
+            assert int(mask.split()[1], 16) & 1 << (signal.SIGINT - 1), f"a worker takes Ctrl-C itself: {mask}"
     workers = psutil.Process(victim.pid).children(recursive=True)
     os.killpg(victim.pid, signal.SIGINT)
     _, err = victim.communicate(timeout=HANG_S)
