@@ -8,6 +8,10 @@ hooks on the model's own modules (no class changed, every parameter keeps its na
   FlashAttention and flash-linear-attention paths read) added to the model call from anyfit's ``cu_seq_lens``. Exact
   only where the layer's kernel honours them (flash-linear-attention's chunked gated delta rule on CUDA); transformers'
   CPU fallbacks ignore them or refuse them;
+- ``SEQ_IDX``: the same and ``seq_idx`` (each position's example, int32, as transformers' DataCollatorWithFlattening
+  gives it with ``return_seq_idx``): what transformers' Mamba-2 mixers hand their fused kernels (mamba_ssm's chunked
+  scan, causal-conv1d); its PyTorch fallbacks refuse it. Tried after ``KERNELS``: a kernel that reads the other
+  keywords may refuse this one;
 - ``PER_EXAMPLE``: each state layer (``anyfit.model.packing.state_modules``) takes the row's examples as rows of their
   own, right-padded, with the padding mask padded batches give it; its output is laid back into the packed row.
   Attention, MLPs and the output layer still run on the packed row. Exact for any causal layer: a position reads only
@@ -32,7 +36,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from anyfit.model.packing import state_modules
 
-KERNELS, PER_EXAMPLE = "kernels", "per_example"
+KERNELS, SEQ_IDX, PER_EXAMPLE = "kernels", "kernels_seq_idx", "per_example"
 # The chunk of a state layer that names none: transformers' chunked gated delta rule (and flash-linear-attention's)
 # works in chunks of 64 positions; a layer without chunks (a short convolution) loses nothing to the grouping by it.
 CHUNK = 64
@@ -100,8 +104,8 @@ class _Layout:
 
 
 class Boundaries:
-    """The hooks of one way (``KERNELS`` or ``PER_EXAMPLE``) on ``model`` (the transformers model); ``remove()``
-    takes them off. ``layers``: the state layers that run per example (empty for ``KERNELS``)."""
+    """The hooks of one way (``KERNELS``, ``SEQ_IDX`` or ``PER_EXAMPLE``) on ``model`` (the transformers model);
+    ``remove()`` takes them off. ``layers``: the state layers that run per example (empty for the kernels' ways)."""
 
     def __init__(self, model: nn.Module, how: str):
         self.how, self.lengths = how, None
@@ -123,15 +127,18 @@ class Boundaries:
         self.handles = []
 
     def _enter(self, module, args, kwargs):
-        """The model's call: the row's boundaries (None for padded rows and generation); for ``KERNELS``, also
+        """The model's call: the row's boundaries (None for padded rows and generation); for the kernels' ways, also
         under transformers' names."""
         self.lengths = kwargs.get("packed_lengths")
         cu = kwargs.get("cu_seq_lens")
-        if self.how != KERNELS or self.lengths is None or cu is None:
+        if self.how not in (KERNELS, SEQ_IDX) or self.lengths is None or cu is None:
             return None
         longest = max(self.lengths)
-        return args, {**kwargs, "cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest,
-                      "max_length_k": longest}
+        named = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+        if self.how == SEQ_IDX:
+            examples = torch.arange(len(self.lengths), dtype=torch.int32, device=cu.device)
+            named["seq_idx"] = torch.repeat_interleave(examples, torch.diff(cu))[None]
+        return args, {**kwargs, **named}
 
     def _seen(self, module, args, kwargs):
         if "packed_lengths" in kwargs:

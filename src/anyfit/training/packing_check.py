@@ -30,7 +30,7 @@ from anyfit.model.attention import NotExactPacked, kernels_used
 from anyfit.model.composite import language_attention
 from anyfit.model.loading import model_dtype
 from anyfit.model.packing import smallest_window, stateful_layers
-from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, BoundaryError, Boundaries
+from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, SEQ_IDX, BoundaryError, Boundaries
 from anyfit.training.loss import model_inputs
 
 # Relative tolerance on the outputs of one example, packed against alone: a few hundred units of the compute
@@ -53,7 +53,7 @@ class PackingVerdict:
     error: float | None = None  # the self-test's relative difference (packed against alone), if run
     tolerance: float | None = None
     positions: bool = True  # packed rows carry position ids (False: the model computes them, e.g. Qwen's M-RoPE)
-    state: str = ""  # how state layers see the boundaries (state_layers.KERNELS or PER_EXAMPLE; '' without them)
+    state: str = ""  # how state layers see the boundaries (state_layers' KERNELS, SEQ_IDX, PER_EXAMPLE; '' if none)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -217,7 +217,8 @@ def choose_packing(model: nn.Module, examples, rows, max_length: int, device, co
         how, note = "", ""
         if hooks is not None:
             how, error = _state_way(inner, hooks, attempt, positions, error, tolerance)
-            note = (f"; {state.removeprefix('its ')} take the boundaries in their kernels" if how == KERNELS else
+            note = (f"; {state.removeprefix('its ')} take the boundaries in their kernels"
+                    f"{' (with seq_idx)' if how == SEQ_IDX else ''}" if how in (KERNELS, SEQ_IDX) else
                     f"; {state.removeprefix('its ')} run one example per row ({len(hooks.layers)} layers)")
         note += (f"; {', '.join(tried)}, so transformers' own {candidate} with a block mask per row (exact, "
                  "slower)") if tried and candidate != attention else f"; {', '.join(tried)}" if tried else \
@@ -251,15 +252,17 @@ def _first_exact(inner: nn.Module, attempt, layouts, tolerance: float, tried: li
 
 def _state_way(inner: nn.Module, per_example: Boundaries, attempt, positions: bool, error: float,
                tolerance: float) -> tuple[str, float]:
-    """``KERNELS`` where transformers' own state layers keep the examples apart as exactly as running them per example
-    (which they then need not pad), else ``PER_EXAMPLE``; with the way's error. The per-example error is this model's
-    round-off: a leak moves the outputs far beyond it, yet on a model with small weights (a fresh initialisation) can
-    stay under the dtype's tolerance, so the kernels must stay within 4x of it (plus 1% of the tolerance)."""
+    """A kernels' way (``KERNELS``, then ``SEQ_IDX``) where transformers' own state layers keep the examples apart as
+    exactly as running them per example (which they then need not pad), else ``PER_EXAMPLE``; with the way's error.
+    The per-example error is this model's round-off: a leak moves the outputs far beyond it, yet on a model with small
+    weights (a fresh initialisation) can stay under the dtype's tolerance, so the kernels must stay within 4x of it
+    (plus 1% of the tolerance)."""
     per_example.remove()
-    kernels = Boundaries(inner, KERNELS)
-    kernel_error, _, _ = attempt(positions, refused=Exception)  # transformers refuses on CPU (no kernel), or fails
-    if kernel_error <= min(tolerance, 4 * error + tolerance / 100):
-        return KERNELS, kernel_error
-    kernels.remove()
+    for way in (KERNELS, SEQ_IDX):
+        kernels = Boundaries(inner, way)
+        kernel_error, _, _ = attempt(positions, refused=Exception)  # transformers refuses on CPU (no kernel), or fails
+        if kernel_error <= min(tolerance, 4 * error + tolerance / 100):
+            return way, kernel_error
+        kernels.remove()
     Boundaries(inner, PER_EXAMPLE)  # the same hooks again, now for training (they live on the model's modules)
     return PER_EXAMPLE, error

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from anyfit.model.state_layers import PER_EXAMPLE, Boundaries, _Layout
+from anyfit.model.state_layers import KERNELS, PER_EXAMPLE, SEQ_IDX, Boundaries, _Layout
 
 
 class ToyMambaMixer(nn.Module):
@@ -54,3 +54,37 @@ def test_each_example_starts_from_an_empty_state():
     assert torch.allclose(toy(x), x.cumsum(dim=1) * 2.0)  # no boundaries: the layer as it is
     hooks.remove()
     assert torch.allclose(toy(x, packed_lengths=lengths), x.cumsum(dim=1) * 2.0)
+
+
+class Recorder(nn.Module):
+    """A model that keeps the keywords of its call."""
+
+    def forward(self, x, **kwargs):
+        self.seen = kwargs
+        return x
+
+
+def test_the_kernels_ways_hand_the_model_transformers_own_keywords():
+    """``KERNELS`` adds the names transformers' FlashAttention and flash-linear-attention paths read, ``SEQ_IDX`` also
+    the ``seq_idx`` its Mamba-2 mixers hand their kernels: each as transformers' own DataCollatorWithFlattening lays
+    out the same examples."""
+    from transformers import DataCollatorWithFlattening
+
+    lengths = (5, 3, 7)
+    theirs = DataCollatorWithFlattening(return_flash_attn_kwargs=True, return_seq_idx=True)(
+        [{"input_ids": list(range(1, n + 1))} for n in lengths])
+    cu = torch.tensor([0, 5, 8, 15], dtype=torch.int32)  # anyfit's cu_seq_lens of the same row
+    names = {"cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k"}
+    for way, added in ((KERNELS, names), (SEQ_IDX, names | {"seq_idx"})):
+        model = Recorder()
+        hooks = Boundaries(model, way)
+        model(torch.zeros(1, sum(lengths)), packed_lengths=lengths, cu_seq_lens=cu)
+        assert set(model.seen) - {"packed_lengths", "cu_seq_lens"} == added
+        for name in added:
+            ours, want = torch.as_tensor(model.seen[name]), torch.as_tensor(theirs[name])
+            assert torch.equal(ours.to(want.dtype), want), name
+        if way == SEQ_IDX:
+            assert model.seen["seq_idx"].dtype == theirs["seq_idx"].dtype == torch.int32
+        hooks.remove()
+        model(torch.zeros(1, sum(lengths)))  # padded rows and generation: nothing added
+        assert model.seen == {}
