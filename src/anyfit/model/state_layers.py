@@ -137,7 +137,8 @@ class Boundaries:
         named = {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
         if self.how == SEQ_IDX:
             examples = torch.arange(len(self.lengths), dtype=torch.int32, device=cu.device)
-            named["seq_idx"] = torch.repeat_interleave(examples, torch.diff(cu))[None]
+            # output_size: the row's length is known here, so no device-to-host sync in each step's forward
+            named["seq_idx"] = torch.repeat_interleave(examples, torch.diff(cu), output_size=sum(self.lengths))[None]
         return args, {**kwargs, **named}
 
     def _seen(self, module, args, kwargs):
