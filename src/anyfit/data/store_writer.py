@@ -120,13 +120,19 @@ class Writer:
         self.fates.extend(batch.fates.tolist())
         self.cuts.extend(batch.cuts.tolist())
         self.part_example.extend(np.where(kept, first + np.cumsum(kept) - 1, -1).tolist())
-        for vision in batch.visions:
-            raw = image_tokens.vision_json(vision, self._blob) if vision is not None else b""
-            self.vision.write(raw)
-            self.vision_offsets.append(self.vision_offsets[-1] + len(raw))
-            self.image_counts.append(len(vision["images"]) if vision is not None else 0)
-            self.image_tokens.append(vision["image_tokens"] if vision is not None else 0)
-            self.images_shrunk.append(vision["shrunk"] if vision is not None else 0)
+        if any(batch.visions):
+            for vision in batch.visions:
+                raw = image_tokens.vision_json(vision, self._blob) if vision is not None else b""
+                self.vision.write(raw)
+                self.vision_offsets.append(self.vision_offsets[-1] + len(raw))
+                self.image_counts.append(len(vision["images"]) if vision is not None else 0)
+                self.image_tokens.append(vision["image_tokens"] if vision is not None else 0)
+                self.images_shrunk.append(vision["shrunk"] if vision is not None else 0)
+        else:  # a text batch: its examples' empty entries at once (the parent adds every batch, one at a time)
+            n = len(batch.visions)
+            self.vision_offsets.extend(array("q", [self.vision_offsets[-1]]) * n)
+            for counts in (self.image_counts, self.image_tokens, self.images_shrunk):
+                counts.extend(array("i", [0]) * n)
         if not len(batch.lengths):
             return
         self.ids.write(batch.ids.tobytes())
