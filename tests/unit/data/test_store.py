@@ -296,9 +296,14 @@ def test_ctrl_c_while_tokenizing_is_one_line_and_keeps_nothing(big_config, tmp_p
     """Ctrl-C as a terminal sends it: SIGINT to the whole process group, the build's workers included (the
     parent tokenizes the first batch itself, so the one-process path is covered on the way)."""
     num_proc = 2
-    big_config.write_text(big_config.read_text().replace("num_proc: 1", f"num_proc: {num_proc}"))
+    # Ten times the records of big_config: two workers end 12k short records in about a second, and a build that
+    # ends before the Ctrl-C arrives would leave nothing to interrupt (it did, on a fast machine).
+    bigger = write_jsonl(tmp_path / "bigger.jsonl", problems(120_000))
+    big_config.write_text(big_config.read_text().replace("num_proc: 1", f"num_proc: {num_proc}")
+                          .replace(str(tmp_path / "big.jsonl"), str(bigger)))
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     victim, stores = prepare_until_tokens(big_config, tmp_path, env)
+
     def spawned() -> list[psutil.Process]:  # the pool's workers: spawned, or forked by the fork server
         tree = psutil.Process(victim.pid).children(recursive=True)
         servers = {c.pid for c in tree if "forkserver" in " ".join(c.cmdline())}
