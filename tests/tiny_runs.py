@@ -16,7 +16,11 @@ from safetensors.torch import load_file
 from anyfit.config import load_config
 from anyfit.training.loop import train
 
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+# PYTHONFAULTHANDLER: a launched process that dies of a signal (SIGABRT, SIGSEGV) prints every thread's Python stack
+# into the stderr a failing test shows: a rare abort of one rank ("terminate called without an active exception",
+# seen twice in full suites on a loaded 2-core VM, once after the weights loaded, once after the last step) has
+# left no trace of where it happened.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONFAULTHANDLER": "1"}
 STEPS = 12
 # How long a test waits for a process or an event before it calls it hung: a guard against hangs, not a timing.
 # Generous, so that a machine four times slower than a quiet 2-core VM, busy with the suite's other worker,
