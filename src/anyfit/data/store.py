@@ -398,7 +398,6 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
                              rest_cfg.source_column)
         return
     context = _start_method(tokenizer)
-    head = None
     if context.get_start_method() == "forkserver":
         # The fork server imports the workers' modules (0.5-0.7 s of a 2-core VM) before it forks the first one, and
         # the first submit waits for it: started here, it imports while this process tokenizes the first batch.
@@ -409,6 +408,7 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
         with _sigint_deferred(True):
             multiprocessing.forkserver.ensure_running()
         head = first_batch()
+        first_batch = lambda: head  # noqa: E731 - tokenized already, yielded where the pool's loop asks for it
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_init_worker,
                              initargs=(tokenizer, rest_cfg, images)) as pool:
         queue: collections.deque = collections.deque()
@@ -419,13 +419,13 @@ def _rest(rest_cfg: DataConfig, tokenizer, first: Records, first_batch, ahead: l
                     queue.append((len(batch), pool.submit(_tokenize_in_worker, list(batch), _places(batch), start)))
                 submitted += 1
                 if submitted == 2 * workers:  # the workers are starting: the first batch meanwhile, here
-                    yield head if head is not None else first_batch()
+                    yield first_batch()
                 if len(queue) >= 2 * workers:  # bounded: at most two batches per worker in flight
                     n, future = queue.popleft()
                     bar.update(n)
                     yield future.result()
             if submitted < 2 * workers:
-                yield head if head is not None else first_batch()
+                yield first_batch()
             for n, future in queue:
                 bar.update(n)
                 yield future.result()
